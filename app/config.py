@@ -1,0 +1,105 @@
+"""Typed training configuration, validated at start-up. Field docstrings are the `--help` text."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+LR_DECAYS = ("cosine", "linear", "constant")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    data: str = ""
+    """Directory written by `python -m data_prep` (holds meta.json and the train/validation/test splits)."""
+    model_config: str | None = None
+    """JSON file with a ModelConfig; default: the `small` preset sized for the data's vocabulary."""
+    pipeline_stages: int = 1
+    """Pipeline stages P. P > 1 splits the layers across P ranks (ZeRO 0/1); P = 1 allows ZeRO 0-3."""
+    partition_method: str = "cost"
+    """How layers are split into stages: cost (balance estimated compute), parameters, uniform, type:REGEX."""
+    out: str = "runs/default"
+    """Run directory: resolved config, metrics.jsonl, checkpoints/, wandb/. Rerunning resumes from it."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (overrides --epochs)."""
+    epochs: float | None = None
+    """Train for this many passes over the training split (default 1 when --max-steps is not given)."""
+    eval_every: int = 200
+    """Evaluate on the validation split every N steps (0: only at the end)."""
+    eval_max_batches: int = 0
+    """Cap on validation batches per periodic evaluation (0: the whole split). Final evaluations use all."""
+    sanity_eval_batches: int = 2
+    """Validation batches evaluated before the first step, so a broken setup fails in seconds (0: skip)."""
+    save_every: int = 500
+    """Save a checkpoint every N steps (0: only at the end)."""
+    keep_last: int = 3
+    """Keep the newest K complete checkpoints; older ones are deleted (never the one `latest` names)."""
+    resume: str | None = None
+    """Checkpoint tag to resume from. Default: the latest complete checkpoint in --out, if any."""
+    seed: int = 1234
+    """Seed for weights, data order and dropout."""
+    log_every: int = 10
+    """Print one metrics line every N steps."""
+    warmup_steps: int = 100
+    """Linear learning-rate warmup steps."""
+    lr_decay: str = "cosine"
+    """Decay after warmup: cosine, linear or constant."""
+    min_lr_ratio: float = 0.1
+    """Floor of the decayed learning rate, as a fraction of the peak lr from the DeepSpeed config."""
+    tokens_per_micro_batch: int = 0
+    """Token budget per micro-batch: shorter buckets get more sequences (0: fixed micro-batch size)."""
+    max_consecutive_skips: int = 8
+    """Stop the run after this many consecutive skipped (non-finite) steps."""
+    test_eval: bool = True
+    """Evaluate on the test split at the end."""
+    wandb_project: str = "mlstm-ds"
+    """Weights & Biases project."""
+    wandb_mode: str | None = None
+    """online, offline or disabled. Default: $WANDB_MODE, else online with an API key, else offline."""
+    wandb_run_name: str | None = None
+    """Run name shown in W&B (default: the run directory's name)."""
+    deterministic: bool = True
+    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU."""
+    progress: bool = True
+    """Show a progress bar on rank 0."""
+    verbose: bool = False
+    """Let DeepSpeed and other libraries log at INFO."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, flag: str, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"--{flag.replace('_', '-')}: {msg}")
+
+        need(bool(self.data), "data", "is required (a directory written by `python -m data_prep`)")
+        need(self.pipeline_stages >= 1, "pipeline_stages", f"must be >= 1, got {self.pipeline_stages}")
+        need(
+            self.partition_method in ("cost", "parameters", "uniform")
+            or self.partition_method.startswith("type:"),
+            "partition_method",
+            f"must be cost, parameters, uniform or type:REGEX, got {self.partition_method!r}",
+        )
+        need(
+            self.max_steps is None or self.max_steps >= 1, "max_steps", f"must be >= 1, got {self.max_steps}"
+        )
+        need(self.epochs is None or self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        for name in ("eval_every", "eval_max_batches", "sanity_eval_batches", "save_every", "warmup_steps"):
+            need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        need(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
+        need(self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}")
+        need(
+            self.lr_decay in LR_DECAYS,
+            "lr_decay",
+            f"must be one of {', '.join(LR_DECAYS)}, got {self.lr_decay!r}",
+        )
+        need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        need(self.tokens_per_micro_batch >= 0, "tokens_per_micro_batch", "must be >= 0")
+        need(self.max_consecutive_skips >= 1, "max_consecutive_skips", "must be >= 1")
+        need(
+            self.wandb_mode is None or self.wandb_mode in WANDB_MODES,
+            "wandb_mode",
+            f"must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}",
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

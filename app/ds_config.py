@@ -1,0 +1,142 @@
+"""Read the DeepSpeed JSON and cross-check it against the app config and the world size.
+
+Every inconsistency is a `UserError` that names the key or flag and prints the numbers involved.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import UserError
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the world is split: `stages * data_parallel == world_size`, and the batch arithmetic."""
+
+    world_size: int
+    stages: int
+    data_parallel: int
+    micro_batch: int
+    grad_accum: int
+    zero_stage: int
+    precision: str  # fp32 | bf16 | fp16
+
+    @property
+    def train_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.data_parallel
+
+
+def load_ds_json(path: str | None) -> dict:
+    if not path:
+        raise UserError("--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json)")
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--deepspeed_config: file not found: {p}")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"--deepspeed_config: {p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"--deepspeed_config: {p}: expected a JSON object at the top level")
+    return cfg
+
+
+def _int_key(cfg: dict, key: str, src: str) -> int | None:
+    v = cfg.get(key)
+    if v is None or v == "auto":
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UserError(f"{src}: `{key}` must be a positive integer, got {v!r}")
+    return v
+
+
+def resolve_layout(cfg: dict, world_size: int, stages: int, src: str = "deepspeed config") -> Layout:
+    """Check the batch/parallel arithmetic; fill in whichever batch key is missing."""
+    if stages < 1 or world_size % stages:
+        raise UserError(
+            f"--pipeline-stages {stages} does not divide the world size {world_size}: "
+            f"stages * data_parallel must equal world_size"
+        )
+    dp = world_size // stages
+    tb = _int_key(cfg, "train_batch_size", src)
+    mb = _int_key(cfg, "train_micro_batch_size_per_gpu", src)
+    ga = _int_key(cfg, "gradient_accumulation_steps", src)
+    if mb is None and tb is None:
+        raise UserError(f"{src}: set `train_micro_batch_size_per_gpu` (and optionally `train_batch_size`)")
+    if ga is None:
+        if tb is None:
+            ga = 1
+        elif mb is None:
+            raise UserError(f"{src}: with `train_batch_size` set, also set `train_micro_batch_size_per_gpu`")
+        elif tb % (mb * dp):
+            raise UserError(
+                f"{src}: train_batch_size {tb} is not a multiple of micro_batch {mb} * data_parallel {dp} "
+                f"(world_size {world_size} / pipeline_stages {stages})"
+            )
+        else:
+            ga = tb // (mb * dp)
+    if mb is None:
+        assert tb is not None
+        if tb % (ga * dp):
+            raise UserError(
+                f"{src}: train_batch_size {tb} is not a multiple of grad_accum {ga} * data_parallel {dp}"
+            )
+        mb = tb // (ga * dp)
+    if tb is not None and tb != mb * ga * dp:
+        raise UserError(
+            f"{src}: train_batch_size {tb} != micro_batch {mb} * gradient_accumulation_steps {ga} * "
+            f"data_parallel {dp} (= world_size {world_size} / pipeline_stages {stages}) = {mb * ga * dp}"
+        )
+
+    zero = cfg.get("zero_optimization", {}).get("stage", 0)
+    if zero not in (0, 1, 2, 3):
+        raise UserError(f"{src}: zero_optimization.stage must be 0-3, got {zero!r}")
+    if stages > 1 and zero >= 2:
+        raise UserError(
+            f"{src}: ZeRO stage {zero} cannot be combined with pipeline parallelism (--pipeline-stages {stages}): "
+            f"use --pipeline-stages 1 with ZeRO-{zero}, or ZeRO-1 with pipeline stages"
+        )
+    zcfg = cfg.get("zero_optimization", {})
+    if zero == 2 and zcfg.get("contiguous_gradients", True) and ga > 1 and dp > 1:
+        # Measured with DeepSpeed 0.19.8 (tests/test_train.py): ZeRO-2 with contiguous gradients, gradient
+        # accumulation and data parallelism produced gradients ~1% off those of ZeRO-1 on the same batch.
+        raise UserError(
+            f"{src}: ZeRO-2 with contiguous_gradients, gradient_accumulation_steps {ga} > 1 and data_parallel "
+            f"{dp} > 1 computes wrong gradients in this DeepSpeed; set zero_optimization.contiguous_gradients "
+            f"to false"
+        )
+    bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
+    fp16 = bool(cfg.get("fp16", {}).get("enabled", False))
+    if bf16 and fp16:
+        raise UserError(f"{src}: enable at most one of `bf16` and `fp16`")
+    if "scheduler" in cfg:
+        raise UserError(
+            f"{src}: remove the `scheduler` section: the schedule comes from --warmup-steps, --lr-decay and "
+            f"--min-lr-ratio so that it always agrees with --max-steps/--epochs"
+        )
+    opt = cfg.get("optimizer")
+    if not isinstance(opt, dict) or "lr" not in opt.get("params", {}):
+        raise UserError(f"{src}: an `optimizer` section with `params.lr` is required (e.g. AdamW)")
+    return Layout(
+        world_size=world_size,
+        stages=stages,
+        data_parallel=dp,
+        micro_batch=mb,
+        grad_accum=ga,
+        zero_stage=zero,
+        precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
+    )
+
+
+def engine_config(cfg: dict, layout: Layout) -> dict:
+    """The dict handed to deepspeed.initialize: the batch keys made explicit, DeepSpeed's own step log off."""
+    out = dict(cfg)
+    out["train_batch_size"] = layout.train_batch
+    out["train_micro_batch_size_per_gpu"] = layout.micro_batch
+    out["gradient_accumulation_steps"] = layout.grad_accum
+    # The app prints its own compact metrics line; DeepSpeed's per-N-step print would duplicate it.
+    out.setdefault("steps_per_print", 10**9)
+    return out

@@ -1,0 +1,127 @@
+"""One interface over DeepSpeed's two engines: PipelineEngine for P > 1, the plain engine for P = 1.
+
+Both build from the same layer list (app.model.pipeline), so a checkpoint's layers and a run's loss
+curve do not depend on the layout. The loss of a step is the mean cross-entropy over every real token of
+the global batch: each micro-batch's summed loss is scaled by `grad_accum * dp / global_tokens`, and
+DeepSpeed's division by grad_accum and averaging over data-parallel ranks undo the factor exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
+
+from app.ds_config import Layout
+from app.model.config import ModelConfig
+from app.model.loss import token_loss
+from app.model.pipeline import build_pipeline, build_sequential
+from app.schedule import lr_multiplier
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), both (B, T) int64
+
+
+class Engine:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        layout: Layout,
+        ds_config: dict,
+        *,
+        seed: int,
+        partition_method: str,
+        total_steps: int,
+        warmup: int,
+        decay: str,
+        min_lr_ratio: float,
+    ) -> None:
+        self.layout = layout
+        self.is_pipe = layout.stages > 1
+        if self.is_pipe:
+            module = build_pipeline(
+                model_cfg,
+                num_stages=layout.stages,
+                loss_fn=token_loss,
+                partition_method=partition_method,
+                base_seed=seed,
+            )
+        else:
+            module = build_sequential(model_cfg, base_seed=seed)
+        lr_fn = functools.partial(
+            lr_multiplier, warmup=warmup, total=total_steps, decay=decay, min_ratio=min_lr_ratio
+        )
+        self.ds, *_ = deepspeed.initialize(
+            model=module,
+            model_parameters=[p for p in module.parameters() if p.requires_grad],
+            config=ds_config,
+            lr_scheduler=lambda opt: LambdaLR(opt, lr_fn),
+        )
+        if self.is_pipe:
+            self.dp_rank = self.ds.grid.get_data_parallel_rank()
+            self.needs_inputs = self.ds.is_first_stage()
+            self.needs_targets = self.ds.is_last_stage()
+        else:
+            self.dp_rank = dist.get_rank()
+            self.needs_inputs = self.needs_targets = True
+        self.device = self.ds.device
+
+    @property
+    def needs_data(self) -> bool:
+        return self.needs_inputs or self.needs_targets
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.ds.module
+
+    def _feed(self, batches: list[Batch] | None, scale: float):
+        if batches is None:
+            return None
+        s = torch.tensor([scale], dtype=torch.float32)
+        return iter([(x, (y, s)) for x, y in batches])
+
+    def train_step(self, batches: list[Batch] | None, global_tokens: int, nan: bool = False) -> float:
+        """One optimizer step over this rank's micro-batches; returns the global mean loss (nats/token)."""
+        L = self.layout
+        scale = float("nan") if nan else (L.grad_accum * L.data_parallel / max(1, global_tokens))
+        if self.is_pipe:
+            return float(self.ds.train_batch(self._feed(batches, scale)))
+        self.ds.train()
+        local = torch.zeros((), dtype=torch.float64, device=self.device)
+        s = torch.tensor([scale], dtype=torch.float32, device=self.device)
+        for x, y in batches:
+            logits = self.ds(x.to(self.device))
+            loss = token_loss(logits, (y.to(self.device), s))
+            self.ds.backward(loss)
+            self.ds.step()
+            local += loss.detach().double()
+        dist.all_reduce(local)
+        return float(local) / (L.grad_accum * L.data_parallel)
+
+    @torch.no_grad()
+    def eval_step(self, batches: list[Batch] | None, per_rank: int) -> float:
+        """Summed cross-entropy (nats) over the micro-batches of every data-parallel rank."""
+        dp = self.layout.data_parallel
+        if self.is_pipe:
+            # eval_batch averages over micro-batches and ranks; scaling by both turns it back into a sum.
+            out = self.ds.eval_batch(self._feed(batches, float(per_rank * dp)), num_micro_batches=per_rank)
+            return float(out)
+        self.ds.eval()
+        local = torch.zeros((), dtype=torch.float64, device=self.device)
+        one = torch.ones(1, dtype=torch.float32, device=self.device)
+        for x, y in batches:
+            local += token_loss(self.ds(x.to(self.device)), (y.to(self.device), one)).double()
+        dist.all_reduce(local)
+        return float(local)
+
+    def step_applied(self) -> bool:
+        return bool(self.ds.was_step_applied())
+
+    def grad_norm(self) -> float | None:
+        g = self.ds.get_global_grad_norm()
+        return None if g is None else float(g)
+
+    def lr(self) -> float:
+        return float(self.ds.get_lr()[0])

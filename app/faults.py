@@ -1,0 +1,30 @@
+"""Fault injection for tests of the failure paths (set by tests, never by users).
+
+MLSTM_DS_FAULTS is a comma-separated list of:
+    nan_step=N         the loss of optimizer step N (1-based) is made non-finite on every rank
+    crash_in_save=N    the process dies (exit 17) after writing checkpoint N's files but before committing it
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _parse() -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for item in filter(None, os.environ.get("MLSTM_DS_FAULTS", "").split(",")):
+        key, _, val = item.partition("=")
+        out.setdefault(key.strip(), set()).add(int(val))
+    return out
+
+
+_FAULTS = _parse()
+
+
+def nan_at(step: int) -> bool:
+    return step in _FAULTS.get("nan_step", set())
+
+
+def crash_in_save(step: int) -> None:
+    if step in _FAULTS.get("crash_in_save", set()):
+        os._exit(17)

@@ -1,0 +1,145 @@
+"""The model's layers. Each takes ONE tensor and returns ONE tensor, so they chain (and pipeline).
+
+    Embedding       (B, T) int64 ids -> (B, T, E)
+    RecurrentLayer  (B, T, in)       -> (B, T, H)   mLSTM (fast core) or LSTM (nn.LSTM)
+    Head            (B, T, H)        -> (B, T, V)   logits
+
+Every output is made contiguous because it may cross a pipeline-stage boundary. Parameter names are
+part of the checkpoint format; do not rename them.
+
+For generation, layers also run one token at a time: `Embedding.forward` and `Head.forward` accept
+(B, 1) / (B, 1, H) as well, and `RecurrentLayer.step(x_t (B, in), state) -> (y_t (B, H), new_state)`
+carries the recurrent state so each new token costs one step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.model.config import ModelConfig
+from app.model.mlstm_core import mlstm_sequence, mlstm_step
+from app.model.weight_norm import weight_normed
+
+State = tuple[torch.Tensor, torch.Tensor]
+
+
+class Embedding(nn.Module):
+    """Token embedding. Parameters: `weight` (V, E). Also serves as the tied output head (`logits`)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim) * cfg.embed_init_std)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)  # (B, T, E)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Tied head: (B, T, E) -> (B, T, V) with the embedding matrix transposed."""
+        return F.linear(h, self.weight).contiguous()  # (B, T, V)
+
+
+def tied_head_forward(embedding: Embedding, h: torch.Tensor) -> torch.Tensor:
+    """Module-level so DeepSpeed's TiedLayerSpec(forward_fn=...) can pickle/name it."""
+    return embedding.logits(h)
+
+
+class Head(nn.Module):
+    """Untied output head. Parameters: `weight` (V, H), `bias` (V)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_dim) * cfg.embed_init_std)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.weight, self.bias).contiguous()  # (B, T, V)
+
+
+class RecurrentLayer(nn.Module):
+    """One recurrent layer, with its output dropout and (optional) residual connection.
+
+    mLSTM parameters (H = hidden_dim, in = input width):
+        weight_in (5H, in)  rows [W_mx (H); W_x (4H) in gate order i, f, o, u]
+        weight_mh (H, H), weight_m (4H, H), bias (4H,)
+        gain_in (5H,), gain_mh (H,), gain_m (4H,)   only with weight_norm (w = g * v / ||v|| per row)
+    LSTM parameters: those of `lstm`, a one-layer batch-first nn.LSTM.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.cell = cfg.cell
+        self.in_dim = cfg.embed_dim if layer_idx == 0 else cfg.hidden_dim
+        self.hidden_dim = H = cfg.hidden_dim
+        self.residual = cfg.residual and self.in_dim == H
+        self.weight_norm = cfg.weight_norm
+        self.drop = nn.Dropout(cfg.dropout)
+        r = cfg.init_range or 1.0 / math.sqrt(H)
+        if self.cell == "lstm":
+            self.lstm = nn.LSTM(self.in_dim, H, batch_first=True)
+            for p in self.lstm.parameters():
+                nn.init.uniform_(p, -r, r)
+            with torch.no_grad():
+                self.lstm.bias_ih_l0[H : 2 * H].fill_(cfg.forget_bias)  # nn.LSTM gate order i, f, g, o
+                self.lstm.bias_hh_l0[H : 2 * H].zero_()
+            return
+        self.weight_in = nn.Parameter(torch.empty(5 * H, self.in_dim).uniform_(-r, r))
+        self.weight_mh = nn.Parameter(torch.empty(H, H).uniform_(-r, r))
+        self.weight_m = nn.Parameter(torch.empty(4 * H, H).uniform_(-r, r))
+        bias = torch.zeros(4 * H)
+        bias[H : 2 * H] = cfg.forget_bias  # gate order i, f, o, u
+        self.bias = nn.Parameter(bias)
+        if self.weight_norm:
+            # g = ||v|| makes the initial function independent of the weight_norm switch.
+            self.gain_in = nn.Parameter(self.weight_in.detach().norm(dim=1))
+            self.gain_mh = nn.Parameter(self.weight_mh.detach().norm(dim=1))
+            self.gain_m = nn.Parameter(self.weight_m.detach().norm(dim=1))
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Effective (w_in, w_mh, w_m), weight-normalised once per call when configured."""
+        if not self.weight_norm:
+            return self.weight_in, self.weight_mh, self.weight_m
+        return (
+            weight_normed(self.weight_in, self.gain_in),
+            weight_normed(self.weight_mh, self.gain_mh),
+            weight_normed(self.weight_m, self.gain_m),
+        )
+
+    def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        h = self.drop(h)
+        if self.residual:
+            h = h + x
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, in) -> (B, T, H), every sequence from a zero state."""
+        if self.cell == "lstm":
+            h, _ = self.lstm(x)  # (B, T, H)
+            return self._finish(x, h).contiguous()
+        dev = x.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        w_in, w_mh, w_m = self.weights()
+        # The custom Function is not autocast-aware: cast the operands once here (not per step) and
+        # keep autocast away from its internals.
+        with torch.autocast(dev, enabled=False):
+            h = mlstm_sequence(x.to(cdt), w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt))  # (B, T, H)
+        return self._finish(x, h).contiguous()
+
+    def init_state(self, batch: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> State:
+        """Zero (h, c), each (batch, H)."""
+        z = torch.zeros(batch, self.hidden_dim, device=device, dtype=dtype)
+        return z, z.clone()
+
+    def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One token: x_t (B, in) -> (y_t (B, H), new_state). Same function as `forward`, one step."""
+        if self.cell == "lstm":
+            h, c = state
+            y, (h, c) = self.lstm(x_t.unsqueeze(1), (h.unsqueeze(0), c.unsqueeze(0)))  # (B, 1, H)
+            new_state = (h.squeeze(0), c.squeeze(0))
+            return self._finish(x_t, y.squeeze(1)), new_state
+        w_in, w_mh, w_m = self.weights()
+        h, new_state = mlstm_step(x_t, state, w_in, self.bias, w_mh, w_m)  # (B, H)
+        return self._finish(x_t, h), new_state

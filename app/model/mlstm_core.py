@@ -1,0 +1,165 @@
+"""Fast mLSTM recurrence (Krause et al. 2016) with backward through time written out.
+
+Per layer, per time step (x input, h/c state, zero initial state):
+
+    m_t = (W_mx x_t) * (W_mh h_{t-1})
+    [i, f, o, u] = W_x x_t + W_m m_t + b
+    c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(u)
+    h_t = sigmoid(o) * tanh(c_t)
+
+What makes it fast:
+- The input side [W_mx; W_x] x for every time step is ONE (B*T, in) @ (in, 5H) product before the loop.
+- Inside the loop only the two recurrent products (B, H) @ (H, H) and (B, H) @ (H, 4H) remain, plus a
+  handful of elementwise ops writing into preallocated buffers (per-op overhead matters at small sizes).
+- Backward runs the same loop in reverse with the two transposed recurrent products, storing the
+  pre-activation gradients; all weight gradients are then one large product each over all B*T tokens.
+- Everything that does not depend on the recurrence (gate derivatives) is computed for all steps at once.
+
+Precision: matmul operands use the compute dtype (the input's: float32/float64, or bf16/fp16 under
+autocast); gates, cell state and the backward recurrence stay in float32 when the compute dtype is
+16-bit, so only the products are low precision (fp32 accumulation inside the kernels).
+Right padding needs nothing: the recurrence is causal, so outputs at real positions never see the pad
+that follows them, and pad positions get no loss gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.model.matmul import grad_weight, linear
+
+
+def state_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """Gates and cell state are kept at least in float32."""
+    return torch.float32 if compute_dtype in (torch.bfloat16, torch.float16) else compute_dtype
+
+
+class MLSTMFunction(torch.autograd.Function):
+    """(x, w_in, bias, w_mh, w_m) -> h for all steps.
+
+    x (B, T, in) compute dtype; w_in (5H, in) = [W_mx; W_x] with W_x rows in gate order i, f, o, u;
+    bias (4H,) state dtype; w_mh (H, H); w_m (4H, H). Returns h (B, T, H) in the compute dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w_in, bias, w_mh, w_m):
+        B, T, D = x.shape
+        H = w_mh.shape[0]
+        cdt, sdt = x.dtype, state_dtype(x.dtype)
+        kw = dict(device=x.device)
+
+        xt = x.transpose(0, 1).contiguous()  # (T, B, D): per-step slices contiguous
+        proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
+        pm = proj[..., :H]  # (T, B, H)  W_mx x_t
+        pg = proj[..., H:]  # (T, B, 4H) W_x x_t
+        pg += bias
+
+        gates = torch.empty(T, B, 4 * H, dtype=sdt, **kw)  # activated [si, sf, so, tu]
+        cs = torch.zeros(T + 1, B, H, dtype=sdt, **kw)  # c_0 .. c_T (only c_0 needs the zero)
+        tcs = torch.empty(T, B, H, dtype=sdt, **kw)  # tanh(c_t)
+        ms = torch.empty(T, B, H, dtype=cdt, **kw)  # m_t, matmul operand
+        hs = torch.zeros(T + 1, B, H, dtype=cdt, **kw)  # h_0 .. h_T, matmul operand
+        g = torch.empty(B, 4 * H, dtype=sdt, **kw)  # pre-activations, reused every step
+        g_sig, g_tanh = g[:, : 3 * H], g[:, 3 * H :]
+        # Per-step views made once: indexing inside the loop costs a dispatcher call each time,
+        # which is most of the per-step cost at small sizes.
+        hs_u, cs_u, tcs_u, ms_u, pm_u, pg_u = (v.unbind(0) for v in (hs, cs, tcs, ms, pm, pg))
+        a_sig_u, a_tanh_u = gates[..., : 3 * H].unbind(0), gates[..., 3 * H :].unbind(0)
+        si_u, sf_u, so_u, tu_u = (v.unbind(0) for v in gates.split(H, dim=2))
+        rs_list = []  # W_mh h_{t-1}, kept for backward (stacked once after the loop)
+        for t in range(T):
+            r = linear(hs_u[t], w_mh)  # (B, H)
+            rs_list.append(r)
+            torch.mul(pm_u[t], r, out=ms_u[t])
+            torch.add(pg_u[t], linear(ms_u[t], w_m), out=g)  # (B, 4H)
+            torch.sigmoid(g_sig, out=a_sig_u[t])
+            torch.tanh(g_tanh, out=a_tanh_u[t])
+            c = cs_u[t + 1]
+            torch.mul(sf_u[t], cs_u[t], out=c)
+            c.addcmul_(si_u[t], tu_u[t])
+            torch.tanh(c, out=tcs_u[t])
+            torch.mul(so_u[t], tcs_u[t], out=hs_u[t + 1])
+        rs = torch.stack(rs_list)  # (T, B, H)
+
+        ctx.save_for_backward(xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs)
+        return hs[1:].transpose(0, 1).contiguous()  # (B, T, H)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
+        T, B, D = xt.shape
+        H = w_mh.shape[0]
+        cdt, sdt = xt.dtype, state_dtype(xt.dtype)
+        kw = dict(device=xt.device)
+
+        # Everything the reverse loop needs that does not depend on the recurrence, for all t at once.
+        si, sf, so, tu = gates.split(H, dim=2)  # each (T, B, H)
+        # dL/d(pre-activation) = E_t * K_t with E_t = [dc, dc, dh, dc] and
+        # K = [tu, c_{t-1}, tanh c_t, si] * [sig', sig', sig', tanh'] of the respective gate
+        K = torch.cat(
+            (tu * si * (1 - si), cs[:-1] * sf * (1 - sf), tcs * so * (1 - so), si * (1 - tu * tu)), dim=2
+        )
+        S = so * (1 - tcs * tcs)  # (T, B, H) dh -> dc
+        dyt = dy.transpose(0, 1).to(sdt).contiguous()  # (T, B, H)
+        w_m_t = w_m.t().contiguous()  # (H, 4H)
+        w_mh_t = w_mh.t().contiguous()  # (H, H)
+
+        dG = torch.empty(T, B, 4 * H, dtype=cdt, **kw)  # d(pre-activations [i, f, o, u])
+        dPm = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mx x_t)
+        dR = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mh h_{t-1})
+        K4 = K.view(T, B, 4, H)
+        dc = torch.zeros(B, H, dtype=sdt, **kw)
+        dh_next = torch.zeros(B, H, dtype=sdt, **kw)
+        dyt_u, S_u, K4_u, Ko_u, sf_u = (v.unbind(0) for v in (dyt, S, K4, K4[:, :, 2], sf))
+        dG_u, dGo_u = dG.view(T, B, 4, H).unbind(0), dG.view(T, B, 4, H)[:, :, 2].unbind(0)
+        dG2_u, dPm_u, dR_u, rs_u, pm_u = (v.unbind(0) for v in (dG, dPm, dR, rs, pm))
+        for t in range(T - 1, -1, -1):
+            dh = dyt_u[t] + dh_next  # (B, H)
+            dc.addcmul_(dh, S_u[t])  # dc arrives already multiplied by sf[t+1]
+            torch.mul(K4_u[t], dc.unsqueeze(1), out=dG_u[t])  # (B, 4, H): i, f, u take dc ...
+            torch.mul(Ko_u[t], dh, out=dGo_u[t])  # ... and the o gate takes dh
+            dm = linear(dG2_u[t], w_m_t)  # (B, H)
+            torch.mul(dm, rs_u[t], out=dPm_u[t])
+            torch.mul(dm, pm_u[t], out=dR_u[t])
+            dh_next = linear(dR_u[t], w_mh_t)  # (B, H)
+            dc.mul_(sf_u[t])  # carry to c_{t-1}
+
+        N = T * B
+        dG2, dPm2, X = dG.view(N, 4 * H), dPm.view(N, H), xt.view(N, D)
+        d_w_m = grad_weight(dG2, ms.view(N, H))  # (4H, H)
+        d_w_mh = grad_weight(dR.view(N, H), hs[:-1].reshape(N, H))  # (H, H)
+        d_bias = dG2.sum(dim=0, dtype=sdt)  # (4H,)
+        d_w_in = torch.cat((grad_weight(dPm2, X), grad_weight(dG2, X)))  # (5H, D)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = linear(dG2, w_in[H:].t().contiguous())  # (N, D)
+            dx += linear(dPm2, w_in[:H].t().contiguous())
+            dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
+        return dx, d_w_in, d_bias, d_w_mh, d_w_m
+
+
+def mlstm_sequence(
+    x: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor, w_mh: torch.Tensor, w_m: torch.Tensor
+) -> torch.Tensor:
+    """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype."""
+    return MLSTMFunction.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
+
+
+def mlstm_step(
+    x_t: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor],
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One token: x_t (B, in), state (h, c) each (B, H) -> (h_t, (h_t, c_t)). Plain autograd ops."""
+    h, c = state
+    H = w_mh.shape[0]
+    p = x_t @ w_in.t()  # (B, 5H)
+    m = p[:, :H] * (h @ w_mh.t())  # (B, H)
+    z = p[:, H:] + m @ w_m.t() + bias  # (B, 4H)
+    i, f, o, u = z.split(H, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, (h, c)

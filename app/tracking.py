@@ -1,0 +1,109 @@
+"""Run tracking on rank 0: a metrics.jsonl file always, Weights & Biases when it can (never fatal)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import netrc
+import os
+from pathlib import Path
+
+from app.logs import get_logger
+
+
+def resolve_wandb_mode(flag: str | None) -> str:
+    """--wandb-mode, else $WANDB_MODE, else online when an API key is configured, else offline.
+
+    With no key we never go online: wandb would otherwise stop and prompt for one.
+    """
+    if flag:
+        return flag
+    env = os.environ.get("WANDB_MODE", "").lower()
+    if env in ("online", "offline", "disabled"):
+        return env
+    if env == "dryrun":
+        return "offline"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+class Tracker:
+    """Writes every logged dict to `<run>/metrics.jsonl` and, if enabled, to W&B."""
+
+    def __init__(
+        self, run_dir: Path, *, project: str, mode: str, name: str, config: dict, resume_id: str | None
+    ):
+        self.log = get_logger()
+        self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self.run = None
+        self.mode = mode
+        if mode == "disabled":
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            import wandb
+
+            self.run = self._init(wandb, run_dir, project, mode, name, config, resume_id)
+        except Exception as e:  # a tracking outage must never stop training
+            self.log.warning(f"W&B {mode} init failed ({e.__class__.__name__}: {e}); trying offline")
+            if mode == "online":
+                try:
+                    import wandb
+
+                    self.run = self._init(wandb, run_dir, project, "offline", name, config, resume_id)
+                    self.mode = "offline"
+                except Exception as e2:
+                    self.log.warning(f"W&B disabled for this run ({e2.__class__.__name__}: {e2})")
+        if self.run is not None:
+            self.log.info(f"W&B {self.mode} run {self.run.id} in {run_dir / 'wandb'}")
+
+    @staticmethod
+    def _init(wandb, run_dir, project, mode, name, config, resume_id):
+        return wandb.init(
+            project=project,
+            name=name,
+            dir=str(run_dir),
+            mode=mode,
+            config=config,
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            settings=wandb.Settings(init_timeout=60, console="off", save_code=False, x_disable_stats=True),
+        )
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.id if self.run is not None else None
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        clean = {
+            k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in metrics.items()
+        }
+        self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        if self.run is not None:
+            try:
+                self.run.log(metrics, step=step)
+            except Exception as e:
+                self.log.warning(
+                    f"W&B log failed ({e.__class__.__name__}); continuing with metrics.jsonl only"
+                )
+                self.run = None
+
+    def summary(self, values: dict) -> None:
+        if self.run is not None:
+            with contextlib.suppress(Exception):
+                self.run.summary.update(values)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        if self.run is not None:
+            try:
+                self.run.finish()
+            except Exception as e:
+                self.log.warning(f"W&B finish failed ({e.__class__.__name__})")

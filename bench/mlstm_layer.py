@@ -1,0 +1,185 @@
+"""Train-step (forward + backward) throughput of ONE recurrent layer, and the machine's matmul peak.
+
+    python bench/mlstm_layer.py [--sizes small,large] [--reps-small 5 --reps-large 2]
+
+Contenders at each size (input width = hidden width H):
+    fast_fp32 / fast_bf16    app.model RecurrentLayer (mLSTM, weight norm on), fp32 / bf16 autocast
+    naive_fp32               the equations stepped in Python with autograd (how the anchors run it)
+    torch_lstm_fp32 / _bf16  torch's fused nn.LSTM at the same H (a different, cheaper cell)
+Peak: the best fp32 path (MKL torch.mm, oneDNN linear) and bf16 torch.mm on a large product, same run.
+
+Model FLOPs count matmuls only, training = 3x forward: mLSTM 3 * 20 H^2 per token, LSTM 3 * 16 H^2.
+`mfu` = model FLOP/s / measured peak of the precision used. `vs_naive` = fast_fp32 / naive_fp32
+tokens/s; `vs_torch_lstm_per_flop` = fast_fp32 / torch_lstm_fp32 model FLOP/s. `act_mb` = memory
+held for backward (tensors saved by autograd, deduplicated by storage), the part of peak training
+memory that grows with B*T; `max_rss_mb` is the whole process's peak. The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from collections.abc import Callable
+
+import torch
+
+from app.model.config import debug_config, recurrent_flops_per_token
+from app.model.layers import RecurrentLayer
+from app.model.matmul import _ONEDNN_LINEAR
+from app.model.reference import naive_mlstm
+
+SIZES = {"small": dict(B=16, T=128, H=256), "large": dict(B=64, T=128, H=1024)}
+TARGETS = {"vs_naive": 3.0, "vs_torch_lstm_per_flop": 1.0, "mfu": 0.6}
+
+
+def timeit(fn: Callable[[], None], reps: int, warmup: int = 1) -> float:
+    """Best wall time of `reps` calls after `warmup` (best, not mean: the machine is shared)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def matmul_peak() -> dict[str, float]:
+    """GFLOP/s of a (4096 x 1024) @ (1024 x 4096) product on each available path."""
+    M, K, N = 4096, 1024, 4096
+    a, w = torch.randn(M, K), torch.randn(N, K)
+    ab, wb = a.bfloat16(), w.bfloat16()
+    flops = 2.0 * M * K * N
+    paths = {"fp32_mkl_mm": lambda: torch.mm(a, w.t()), "bf16_mm": lambda: torch.mm(ab, wb.t())}
+    if _ONEDNN_LINEAR is not None:
+        paths["fp32_onednn_linear"] = lambda: _ONEDNN_LINEAR(a, w, None, "none", [], "")
+    out = {k: flops / timeit(f, reps=5) / 1e9 for k, f in paths.items()}
+    out["fp32"] = max(v for k, v in out.items() if k.startswith("fp32"))
+    out["bf16"] = out["bf16_mm"]
+    return out
+
+
+class SavedBytes:
+    """Counts the bytes autograd keeps for backward (unique storages)."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        self.storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    def mb(self) -> float:
+        return sum(self.storages.values()) / 2**20
+
+
+def make_step(kind: str, B: int, T: int, H: int) -> tuple[Callable[[], None], Callable[[], float]]:
+    torch.manual_seed(0)
+    x = torch.randn(B, T, H, requires_grad=True)
+    gy = torch.randn(B, T, H)
+    bf16 = kind.endswith("bf16")
+    if kind.startswith("fast"):
+        layer = RecurrentLayer(debug_config(embed_dim=H, hidden_dim=H, num_layers=1), 0)
+        fwd = lambda: layer(x)  # noqa: E731
+    elif kind.startswith("torch_lstm"):
+        lstm = torch.nn.LSTM(H, H, batch_first=True)
+        fwd = lambda: lstm(x)[0]  # noqa: E731
+    else:
+        ws = [torch.empty(s).uniform_(-(H**-0.5), H**-0.5).requires_grad_() for s in
+              [(H, H), (4 * H, H), (4 * H,), (H, H), (4 * H, H)]]  # fmt: skip
+        fwd = lambda: naive_mlstm(x, *ws)  # noqa: E731
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = fwd()
+        y.backward(gy.to(y.dtype))
+
+    def act_mb() -> float:
+        saved = SavedBytes()
+        hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+        with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = fwd()
+        del y
+        return saved.mb()
+
+    return step, act_mb
+
+
+def bench_size(name: str, B: int, T: int, H: int, reps: int, peak: dict[str, float]) -> dict:
+    kinds = ["fast_fp32", "fast_bf16", "naive_fp32", "torch_lstm_fp32", "torch_lstm_bf16"]
+    tokens = B * T
+    fpt = {c: 3 * recurrent_flops_per_token(c, H, H) for c in ("mlstm", "lstm")}
+    steps = {k: make_step(k, B, T, H) for k in kinds}
+    best = dict.fromkeys(kinds, float("inf"))
+    # Round-robin over contenders so background load on the shared machine hits them alike.
+    for rep in range(reps + 1):  # rep 0 is warm-up
+        for kind in kinds:
+            sec = timeit(steps[kind][0], reps=1, warmup=0)
+            if rep:
+                best[kind] = min(best[kind], sec)
+    tok_s, gflops, act = {}, {}, {}
+    for kind in kinds:
+        tok_s[kind] = tokens / best[kind]
+        gflops[kind] = tok_s[kind] * fpt["lstm" if kind.startswith("torch_lstm") else "mlstm"] / 1e9
+        act[kind] = steps[kind][1]()
+        print(
+            f"{name:5s} {kind:16s} {tok_s[kind]:10.0f} tok/s {gflops[kind]:7.1f} GFLOP/s act {act[kind]:7.1f} MB",
+            flush=True,
+        )
+    return {
+        "B": B, "T": T, "H": H,
+        "tokens_per_s": tok_s,
+        "model_gflops": gflops,
+        "mfu": {"fp32": gflops["fast_fp32"] / peak["fp32"], "bf16": gflops["fast_bf16"] / peak["bf16"]},
+        "vs_naive": tok_s["fast_fp32"] / tok_s["naive_fp32"],
+        "vs_naive_bf16": tok_s["fast_bf16"] / tok_s["naive_fp32"],
+        "vs_torch_lstm_per_flop": gflops["fast_fp32"] / gflops["torch_lstm_fp32"],
+        "vs_torch_lstm_per_flop_bf16": gflops["fast_bf16"] / gflops["torch_lstm_bf16"],
+        "act_mb": act,
+    }  # fmt: skip
+
+
+def rounded(v):
+    if isinstance(v, dict):
+        return {k: rounded(x) for k, x in v.items()}
+    return round(v, 3) if isinstance(v, float) else v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="small,large", help="comma list of: " + ",".join(SIZES))
+    ap.add_argument("--reps-small", type=int, default=5)
+    ap.add_argument("--reps-large", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    peak = matmul_peak()
+    print("peak GFLOP/s", {k: round(v) for k, v in peak.items()}, flush=True)
+    result = {"bench": "mlstm_layer", "torch": torch.__version__, "threads": torch.get_num_threads()}
+    result["loadavg_start"] = os.getloadavg()[0]  # the dev box is shared: context for the numbers
+    result["peak_gflops"] = peak
+    for name in args.sizes.split(","):
+        reps = args.reps_large if name == "large" else args.reps_small
+        result[name] = bench_size(name, **SIZES[name], reps=reps, peak=peak)
+    if "large" in result:
+        r = result["large"]
+        result["targets_large"] = {
+            "vs_naive>=3": r["vs_naive"] >= TARGETS["vs_naive"],
+            "vs_torch_lstm_per_flop>=1": r["vs_torch_lstm_per_flop"] >= TARGETS["vs_torch_lstm_per_flop"],
+            "mfu_fp32>=0.6": r["mfu"]["fp32"] >= TARGETS["mfu"],
+            "mfu_bf16>=0.6": r["mfu"]["bf16"] >= TARGETS["mfu"],
+        }
+    result["loadavg_end"] = os.getloadavg()[0]
+    result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["seconds"] = time.perf_counter() - t0
+    print(json.dumps(rounded(result)))
+
+
+if __name__ == "__main__":
+    main()

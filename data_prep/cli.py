@@ -1,0 +1,154 @@
+"""``python -m data_prep`` / ``mlstm-prep``: prepare tokenized, bucketed train/validation/test splits.
+
+Exit codes: 0 success, 2 user error (one ``error:`` line on stderr, no traceback), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from data_prep.config import DOC_SPLITS, FORMATS, MODEL_TYPES, TOKENIZERS, PrepConfig
+from data_prep.errors import UserError
+from data_prep.format import PreparedDataError
+from data_prep.hub import set_hub_timeouts
+
+log = logging.getLogger("data_prep")
+
+
+def _help(name: str) -> str:
+    """A field's docstring, read from the source, so config and --help never drift apart."""
+    import ast
+    import inspect
+
+    from data_prep import config
+
+    tree = ast.parse(inspect.getsource(config))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PrepConfig")
+    for a, b in zip(cls.body, cls.body[1:]):
+        if isinstance(a, ast.AnnAssign) and a.target.id == name and isinstance(b, ast.Expr):  # type: ignore[union-attr]
+            return b.value.value.strip()  # type: ignore[union-attr]
+    return ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = PrepConfig.__dataclass_fields__
+    default = {k: f.default for k, f in d.items() if f.default is not dataclasses.MISSING}
+
+    def h(name: str) -> str:
+        return _help(name) + (
+            f" (default: {default[name]})" if default.get(name) not in (None, False, []) else ""
+        )
+
+    p = argparse.ArgumentParser(
+        prog="python -m data_prep",
+        description="Prepare a text corpus for mLSTM training: read, clean, split, tokenize, chunk, bucket, save.",
+        epilog="Without --input or --hub, prepares the embedded default corpus (CPython's docs and stdlib sources).",
+    )
+    g = p.add_argument_group("input")
+    g.add_argument("--input", dest="inputs", nargs="+", default=[], metavar="PATH", help=h("inputs"))
+    g.add_argument("--hub", metavar="NAME", help=h("hub"))
+    g.add_argument("--hub-config", metavar="CONFIG", help=h("hub_config"))
+    g.add_argument("--hub-split", default="train", metavar="SPLIT", help=h("hub_split"))
+    g.add_argument("--text-field", default="text", metavar="FIELD", help=h("text_field"))
+    g.add_argument("--doc-split", default="file", choices=DOC_SPLITS, help=h("doc_split"))
+    g.add_argument("--format", default="auto", choices=FORMATS, help=h("format"))
+    g.add_argument(
+        "--default-max-mb",
+        type=float,
+        default=default["default_max_mb"],
+        metavar="MB",
+        help=h("default_max_mb"),
+    )
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer", default="sentencepiece", choices=TOKENIZERS, help=h("tokenizer"))
+    g.add_argument("--tokenizer-model", type=Path, metavar="FILE", help=h("tokenizer_model"))
+    g.add_argument("--vocab-size", type=int, default=default["vocab_size"], metavar="N", help=h("vocab_size"))
+    g.add_argument("--model-type", default="unigram", choices=MODEL_TYPES, help=h("model_type"))
+    g.add_argument(
+        "--tokenizer-train-mb",
+        type=float,
+        default=default["tokenizer_train_mb"],
+        metavar="MB",
+        help=h("tokenizer_train_mb"),
+    )
+    g = p.add_argument_group("processing")
+    g.add_argument(
+        "--max-seq-len", type=int, default=default["max_seq_len"], metavar="N", help=h("max_seq_len")
+    )
+    g.add_argument(
+        "--val-fraction", type=float, default=default["val_fraction"], metavar="F", help=h("val_fraction")
+    )
+    g.add_argument(
+        "--test-fraction", type=float, default=default["test_fraction"], metavar="F", help=h("test_fraction")
+    )
+    g.add_argument("--seed", type=int, default=default["seed"], help=h("seed"))
+    g.add_argument(
+        "--max-buckets", type=int, default=default["max_buckets"], metavar="N", help=h("max_buckets")
+    )
+    g.add_argument("--batch-size", type=int, default=default["batch_size"], metavar="N", help=h("batch_size"))
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, required=True, metavar="DIR", help=h("out"))
+    g.add_argument("--overwrite", action="store_true", help=h("overwrite"))
+    g = p.add_argument_group("runtime")
+    g.add_argument(
+        "--num-proc", type=int, default=None, metavar="N", help=_help("num_proc") + " (default: min(2, CPUs))"
+    )
+    g.add_argument("--quiet", action="store_true", help=h("quiet"))
+    return p
+
+
+def _setup_logging(quiet: bool) -> None:
+    import datasets
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("[data_prep %(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    )
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+    datasets.logging.set_verbosity_error()
+    if quiet:
+        datasets.disable_progress_bars()
+    else:
+        datasets.enable_progress_bars()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+    kwargs = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        cfg = PrepConfig(**kwargs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    set_hub_timeouts()  # before datasets/huggingface_hub are imported
+    _setup_logging(cfg.quiet)
+    from data_prep.pipeline import run
+    from data_prep.summary import format_summary
+
+    command = shlex.join(["python", "-m", "data_prep", *argv])
+    t0 = time.perf_counter()
+    try:
+        meta = run(cfg, command)
+    except (UserError, PreparedDataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was written to --out", file=sys.stderr)
+        return 130
+    if not cfg.quiet:
+        print(format_summary(meta, str(cfg.out)))
+        log.info("done in %.1f s", time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Train a lossless SentencePiece model on a deterministic sample of the training split.
+
+The trainer sees lines (SentencePiece drops "sentences" over ``max_sentence_length`` bytes, and
+whole documents are far longer); newlines themselves are then covered by byte fallback. Its C++
+logging goes to file descriptor 2, so the descriptor is redirected to a temporary file during
+training and only shown when training fails.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from data_prep.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 8192
+SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+
+
+@contextmanager
+def _captured_stderr() -> Iterator[io.StringIO]:
+    """Send fd 2 (where C++ libraries log) to a temp file; yield a buffer filled with it afterwards."""
+    captured = io.StringIO()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.write(tmp.read().decode("utf-8", errors="replace"))
+
+
+def _lines(docs: Iterable[str]) -> Iterator[str]:
+    for doc in docs:
+        for line in doc.split("\n"):
+            if line.strip() and len(line) <= MAX_LINE_BYTES // 4:
+                yield line
+
+
+def train_sentencepiece(docs: Iterable[str], *, vocab_size: int, model_type: str, num_threads: int) -> bytes:
+    """Return the serialized model; raises UserError with a fix when the corpus cannot support it."""
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    with _captured_stderr() as logbuf:
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=_lines(docs),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                byte_fallback=True,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                add_dummy_prefix=False,
+                allow_whitespace_only_pieces=True,
+                split_digits=True,
+                character_coverage=0.9995,
+                max_sentence_length=MAX_LINE_BYTES,
+                input_sentence_size=0,  # the caller already bounded the sample; use all of it, in order
+                shuffle_input_sentence=False,
+                num_threads=num_threads,
+                minloglevel=1,
+                **SPECIAL_IDS,
+            )
+            error = None
+        except RuntimeError as exc:
+            error = str(exc)
+    if error is not None:
+        too_high = re.search(
+            r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)", error
+        )
+        if too_high:
+            raise UserError(
+                f"--vocab-size {too_high.group(1)} is too large for this training text: SentencePiece can make "
+                f"at most {too_high.group(2)} pieces; pass --vocab-size {too_high.group(2)} or less, "
+                "more text, or --tokenizer byte"
+            )
+        too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", error)
+        if too_low:
+            raise UserError(
+                f"--vocab-size {too_low.group(1)} is too small: the 4 specials, 256 byte pieces and the "
+                f"corpus's characters need {too_low.group(2)}; pass --vocab-size {too_low.group(2)} or more"
+            )
+        tail = " | ".join(logbuf.getvalue().strip().splitlines()[-3:])
+        raise UserError(f"SentencePiece training failed: {error.strip()} ({tail})")
+    log.debug("sentencepiece trainer log:\n%s", logbuf.getvalue())
+    return model.getvalue()

@@ -1,0 +1,130 @@
+"""Run app entry points the way users do: the real `deepspeed` launcher, real processes, CPU + gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CPU_CONFIG = ROOT / "ds_configs" / "cpu_pp2_zero1.json"
+TIMEOUT = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e.pop("MLSTM_DS_FAULTS", None)
+    e.update(extra)
+    return e
+
+
+def deepspeed_cmd(nprocs: int, script: str, args: list[str]) -> list[str]:
+    return [
+        str(BIN / "deepspeed"),
+        "--num_gpus",
+        str(nprocs),
+        "--master_port",
+        str(free_port()),
+        str(ROOT / script),
+        *args,
+    ]
+
+
+def run(cmd: list[str], extra_env: dict | None = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def train_args(data: Path, out: Path, *extra: str, stages: int = 2, config: Path = CPU_CONFIG) -> list[str]:
+    return [
+        "--deepspeed_config",
+        str(config),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--pipeline-stages",
+        str(stages),
+        "--model-config",
+        "debug",
+        "--warmup-steps",
+        "2",
+        "--eval-max-batches",
+        "1",
+        "--sanity-eval-batches",
+        "1",
+        "--progress",
+        "false",
+        "--log-every",
+        "1",
+        *extra,
+    ]
+
+
+def train(
+    nprocs: int,
+    data: Path,
+    out: Path,
+    *extra: str,
+    stages: int = 2,
+    config: Path = CPU_CONFIG,
+    extra_env: dict | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    p = run(
+        deepspeed_cmd(nprocs, "app/train.py", train_args(data, out, *extra, stages=stages, config=config)),
+        extra_env,
+    )
+    if check and p.returncode != 0:
+        raise AssertionError(f"training failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    return p
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> train loss, the last record of each step winning (a resumed run rewrites later steps)."""
+    return {m["step"]: m["train/loss"] for m in metrics(run_dir) if "train/loss" in m}
+
+
+def train_until_step_then_kill(nprocs: int, data: Path, out: Path, kill_after: int, *extra: str) -> int:
+    """Start training, SIGKILL the whole launcher process group once step `kill_after` is logged."""
+    cmd = deepspeed_cmd(nprocs, "app/train.py", train_args(data, out, *extra))
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.time() + TIMEOUT
+    try:
+        while time.time() < deadline and p.poll() is None:
+            if max(train_losses(out), default=0) >= kill_after:
+                os.killpg(p.pid, signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode

@@ -1,0 +1,93 @@
+"""Checkpoint bookkeeping: commit only when complete, `latest` moves atomically, pruning keeps what matters."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from app import checkpoint as ckpt
+from app.errors import UserError
+
+
+def fake_save(root, step, world=2, complete=True):
+    d = root / ckpt.tag_for(step)
+    d.mkdir(parents=True)
+    (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
+    for r in range(world):
+        ckpt.write_rank_state(d, r)
+    if complete:
+        ckpt.commit(root, d.name, {"step": step}, world, None)
+    return d.name
+
+
+def test_commit_writes_manifest_and_latest(tmp_path):
+    tag = fake_save(tmp_path, 5)
+    assert (tmp_path / "latest").read_text() == tag
+    assert ckpt.is_complete(tmp_path / tag)
+    assert ckpt.read_app_state(tmp_path / tag)["step"] == 5
+
+
+def test_commit_refuses_missing_rank(tmp_path):
+    d = tmp_path / ckpt.tag_for(1)
+    d.mkdir()
+    (d / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    ckpt.write_rank_state(d, 0)
+    with pytest.raises(RuntimeError, match=r"rng_rank1\.json"):
+        ckpt.commit(tmp_path, d.name, {}, 2, None)
+    assert not (tmp_path / "latest").exists()
+
+
+def test_interrupted_save_is_ignored_then_pruned(tmp_path):
+    good = fake_save(tmp_path, 2)
+    bad = fake_save(tmp_path, 4, complete=False)
+    assert ckpt.find_resume_tag(tmp_path, None) == good
+    ckpt.prune(tmp_path, keep_last=3)
+    assert not (tmp_path / bad).exists() and (tmp_path / good).exists()
+
+
+def test_truncated_file_makes_checkpoint_incomplete(tmp_path):
+    old = fake_save(tmp_path, 2)
+    new = fake_save(tmp_path, 4)
+    (tmp_path / new / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    assert not ckpt.is_complete(tmp_path / new)
+    assert ckpt.find_resume_tag(tmp_path, None) == old  # `latest` names a broken one: fall back
+
+
+def test_keep_last_never_deletes_latest(tmp_path):
+    tags = [fake_save(tmp_path, s) for s in (1, 2, 3, 4)]
+    # Pretend `latest` still names an old one (e.g. the user pointed it back by hand).
+    (tmp_path / "latest").write_text(tags[0])
+    removed = ckpt.prune(tmp_path, keep_last=2)
+    assert sorted(removed) == [tags[1]]
+    assert {p.name for p in tmp_path.iterdir() if p.is_dir()} == {tags[0], tags[2], tags[3]}
+
+
+def test_explicit_resume_must_exist_and_be_complete(tmp_path):
+    fake_save(tmp_path, 2)
+    fake_save(tmp_path, 4, complete=False)
+    with pytest.raises(UserError, match="no such checkpoint"):
+        ckpt.find_resume_tag(tmp_path, "step_00000009")
+    with pytest.raises(UserError, match="incomplete"):
+        ckpt.find_resume_tag(tmp_path, ckpt.tag_for(4))
+
+
+def test_rng_roundtrip_through_json():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = json.loads(json.dumps(ckpt.rng_state()))
+    want = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    ckpt.set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
+
+def test_resolve_checkpoint_dir(tmp_path):
+    run = tmp_path / "run"
+    tag = fake_save(run / "checkpoints", 3)
+    assert ckpt.resolve_checkpoint_dir(run).name == tag
+    assert ckpt.resolve_checkpoint_dir(run / "checkpoints" / tag).name == tag
+    with pytest.raises(UserError, match="no such file"):
+        ckpt.resolve_checkpoint_dir(tmp_path / "nope")
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        ckpt.resolve_checkpoint_dir(tmp_path)

@@ -1,0 +1,224 @@
+"""Hostile inputs: every recoverable problem is skipped and counted, every fatal one is one clean line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_prep.cli import main as prep_main
+from data_prep.format import SPLITS, load_prepared
+from data_prep.tokenizer import load_tokenizer_from_dir
+
+GOOD_TXT = "Hello world.\n\n    indented code\n\tx = 1  \n"
+
+
+def _hostile_corpus(root: Path) -> list[str]:
+    """Write one file per bad case; return the texts of the documents that must survive."""
+    root.mkdir()
+    (root / "good.txt").write_text(GOOD_TXT)
+    (root / "empty.txt").write_text("")
+    (root / "blank.txt").write_text("   \n\t\n")
+    (root / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    (root / "nul.txt").write_bytes(b"abc\x00def\n")
+    lines = [
+        json.dumps({"text": "json doc one", "id": 1}),
+        '{"text": "unterminated',
+        json.dumps({"body": "no text field"}),
+        json.dumps({"text": None}),
+        json.dumps({"text": 5}),
+        json.dumps([1, 2]),
+        "",
+        json.dumps({"text": "json doc \u00e9\u4e2d two"}),
+    ]
+    (root / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "array.json").write_text(json.dumps([{"text": "array doc"}, {"text": ""}], indent=1))
+    (root / "table.csv").write_text('text,label\n"csv, doc one",1\n,2\n"multi\nline csv",3\n')
+    pq.write_table(pa.table({"text": ["parquet doc", None, "  ", "parquet doc 2"]}), root / "rows.parquet")
+    return [
+        GOOD_TXT, "caf\ufffd au lait\n", "json doc one", "json doc \u00e9\u4e2d two", "array doc",
+        "csv, doc one", "multi\nline csv", "parquet doc", "parquet doc 2",
+    ]  # fmt: skip
+
+
+EXPECTED_SKIPS = {
+    "empty": 5,  # empty.txt, blank.txt, array.json "", table.csv empty cell, parquet "  "
+    "nul_bytes": 1,
+    "malformed_json": 1,
+    "not_an_object": 1,
+    "missing_text_field": 1,
+    "null_text": 2,  # jsonl null, parquet null
+    "non_string_text": 1,
+}
+
+
+def _docs_by_id(out: Path) -> dict[int, str]:
+    """Reassemble every document from its chunks (in stored order) and decode it."""
+    data, tok = load_prepared(out), load_tokenizer_from_dir(out)
+    docs: dict[int, list[int]] = {}
+    for name in SPLITS:
+        for row in data.split(name):
+            docs.setdefault(row["doc_id"], []).extend(row["input_ids"])
+    return {k: tok.decode(v) for k, v in docs.items()}
+
+
+def test_hostile_corpus_counts_and_loses_nothing(tmp_path):
+    good = _hostile_corpus(tmp_path / "in")
+    out = tmp_path / "out"
+    args = ["--input", str(tmp_path / "in"), "--out", str(out), "--tokenizer", "byte", "--max-seq-len", "8"]
+    assert prep_main([*args, "--val-fraction", "0.2", "--test-fraction", "0.2", "--quiet"]) == 0
+    meta = load_prepared(out).meta
+    assert {k: v for k, v in meta["skipped"].items() if v} == EXPECTED_SKIPS
+    assert meta["documents"]["repaired_invalid_utf8"] == 1
+    assert meta["documents"]["kept"] == len(good)
+    # every good document is in exactly one split, whole: counts and bytes in == out
+    assert sum(meta["splits"][s]["docs"] for s in SPLITS) == len(good)
+    assert sum(meta["splits"][s]["bytes"] for s in SPLITS) == sum(len(g.encode()) for g in good)
+    assert sorted(_docs_by_id(out).values()) == sorted(good)
+    assert all(meta["splits"][s]["docs"] > 0 for s in SPLITS)
+    for name in SPLITS:  # chunking: all chunks full except each document's last
+        ds = load_prepared(out).split(name)
+        lengths = np.asarray(ds.data.table.column("length"))
+        assert lengths.max() <= 8 and lengths.sum() == meta["splits"][name]["tokens"]
+
+
+def test_sentencepiece_roundtrip_on_code_and_prose(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    texts = [
+        f"def f{i}(x):\n    if x:\n\t\treturn  {i} * x   # caf\u00e9\n\n" * (i % 5 + 1) for i in range(40)
+    ]
+    texts += [
+        f"Paragraph {i}: the quick brown fox jumps over the lazy dog; \ufb01ne \u00a0 {i}.\r\n" * 3
+        for i in range(40)
+    ]
+    for i, t in enumerate(texts):
+        (src / f"doc{i:03d}.md").write_bytes(t.encode())
+    out = tmp_path / "out"
+    assert (
+        prep_main(
+            ["--input", str(src), "--out", str(out), "--vocab-size", "312", "--max-seq-len", "16", "--quiet"]
+        )
+        == 0
+    )
+    # the text builder reads with universal newlines, so \r\n arrives as \n
+    assert sorted(_docs_by_id(out).values()) == sorted(t.replace("\r\n", "\n") for t in texts)
+
+
+def test_doc_split_modes(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("p1 l1\np1 l2\n\n\np2 l1\n  \np3\n")
+    counts = {}
+    for mode in ("file", "paragraph", "line"):
+        out = tmp_path / mode
+        assert (
+            prep_main(
+                [
+                    "--input",
+                    str(src),
+                    "--out",
+                    str(out),
+                    "--tokenizer",
+                    "byte",
+                    "--doc-split",
+                    mode,
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
+        meta = load_prepared(out).meta
+        counts[mode] = (meta["documents"]["kept"], meta["skipped"]["empty"])
+    assert counts == {"file": (1, 0), "paragraph": (3, 0), "line": (4, 3)}
+
+
+def test_adding_files_does_not_reshuffle(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("".join(f"first file line {i}\n" for i in range(60)))
+    common = [
+        "--tokenizer",
+        "byte",
+        "--doc-split",
+        "line",
+        "--val-fraction",
+        "0.2",
+        "--test-fraction",
+        "0.2",
+        "--quiet",
+    ]
+
+    def split_of(out: Path) -> dict[int, str]:
+        data = load_prepared(out)
+        return {d: name for name in SPLITS for d in data.split(name)["doc_id"]}
+
+    assert prep_main(["--input", str(src), "--out", str(tmp_path / "o1"), *common]) == 0
+    (src / "b.txt").write_text("".join(f"second file line {i}\n" for i in range(60)))
+    assert prep_main(["--input", str(src), "--out", str(tmp_path / "o2"), *common]) == 0
+    before, after = split_of(tmp_path / "o1"), split_of(tmp_path / "o2")
+    assert len(after) == 120 and all(after[d] == s for d, s in before.items())
+    assert len(set(before.values())) == 3  # the fractions actually produced all three splits
+
+
+def _fatal_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (argv, text the one error line must contain)."""
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01")
+    (tmp_path / "only_empty.txt").write_text(" \n")
+    (tmp_path / "broken.csv").write_text('text\n"a"\n"b",extra,fields\n')
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    out = str(tmp_path / "o")
+    return {
+        "missing path": (["--input", str(tmp_path / "nope.txt"), "--out", out], "nope.txt: no such file"),
+        "unknown format": (["--input", str(tmp_path / "bin.dat"), "--out", out], "bin.dat: unknown format"),
+        "no documents": (["--input", str(tmp_path / "only_empty.txt"), "--out", out], "no documents left in " + str(tmp_path / "only_empty.txt")),
+        "broken csv": (["--input", str(tmp_path / "broken.csv"), "--out", out], "broken.csv: cannot load as csv"),
+        "out not empty": (["--tokenizer", "byte", "--out", str(full)], "--out is not empty; pass --overwrite"),
+        "not a prep dir": (["--tokenizer", "byte", "--out", str(full), "--overwrite"], "refusing to --overwrite"),
+        "bad fraction": (["--val-fraction", "0.7", "--test-fraction", "0.4", "--out", out], "--val-fraction 0.7 + --test-fraction 0.4"),
+        "hub offline": (["--hub", "someone/some_dataset", "--out", out], "--hub someone/some_dataset: cannot"),
+    }  # fmt: skip
+
+
+def test_fatal_errors_are_one_line_exit_2(tmp_path):
+    cases = _fatal_cases(tmp_path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    t0 = time.monotonic()
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "data_prep", *argv, "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, (argv, _) in cases.items()
+    }
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2, (name, stderr)
+        assert "Traceback" not in stderr and stdout == "", (name, stderr)
+        # warnings may precede it (e.g. what was skipped); the error itself is exactly one last line
+        assert [line for line in lines if line.startswith("error: ")] == lines[-1:], (name, stderr)
+        assert cases[name][1] in lines[-1], (name, lines[-1])
+    assert time.monotonic() - t0 < 90  # the hub case fails fast instead of retrying
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
+def test_unreadable_file(tmp_path, capsys):
+    f = tmp_path / "secret.txt"
+    f.write_text("hidden")
+    f.chmod(0)
+    assert prep_main(["--input", str(f), "--out", str(tmp_path / "o"), "--tokenizer", "byte", "--quiet"]) == 2
+    assert "secret.txt: cannot read file" in capsys.readouterr().err

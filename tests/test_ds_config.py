@@ -1,0 +1,91 @@
+"""Batch/parallel arithmetic cross-checks and every shipped DeepSpeed config."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.ds_config import engine_config, load_ds_json, resolve_layout
+from app.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+OPT = {"type": "AdamW", "params": {"lr": 1e-3}}
+
+
+def test_fills_grad_accum_from_train_batch():
+    lay = resolve_layout(
+        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "optimizer": OPT}, 4, 2
+    )
+    assert (lay.data_parallel, lay.grad_accum, lay.train_batch) == (2, 8, 64)
+
+
+def test_inconsistent_batch_names_every_number():
+    cfg = {
+        "train_batch_size": 60,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 8,
+        "optimizer": OPT,
+    }
+    with pytest.raises(UserError) as e:
+        resolve_layout(cfg, 4, 2)
+    msg = str(e.value)
+    for number in ("60", "4", "8", "2", "64"):
+        assert number in msg
+
+
+def test_stages_must_divide_world():
+    with pytest.raises(UserError, match="does not divide the world size 4"):
+        resolve_layout({"train_micro_batch_size_per_gpu": 1, "optimizer": OPT}, 4, 3)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_2_3_refused_with_pipeline(stage):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": OPT, "zero_optimization": {"stage": stage}}
+    with pytest.raises(UserError, match=f"ZeRO stage {stage} cannot be combined"):
+        resolve_layout(cfg, 2, 2)
+    assert resolve_layout(cfg, 2, 1).zero_stage == stage
+
+
+def test_scheduler_section_refused():
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": OPT, "scheduler": {"type": "WarmupLR"}}
+    with pytest.raises(UserError, match="scheduler"):
+        resolve_layout(cfg, 1, 1)
+
+
+def test_bad_json_names_file_and_line(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{\n  "a": 1,\n  oops\n}')
+    with pytest.raises(UserError, match=r"x.json:3:"):
+        load_ds_json(str(p))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "ds_configs").glob("*.json")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_ds_json(str(path))
+    stages = 1 if "zero2" in path.name or "zero3" in path.name else 2
+    if "pp4" in path.name:
+        stages = 4
+    world = stages * 2
+    lay = resolve_layout(cfg, world, stages, src=path.name)
+    assert lay.train_batch == lay.micro_batch * lay.grad_accum * lay.data_parallel
+    out = engine_config(cfg, lay)
+    assert out["train_batch_size"] == lay.train_batch
+    json.dumps(out)
+    if path.name.startswith("gpu_"):
+        assert lay.precision == "bf16"
+    if "offload" in path.name:
+        assert out["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_zero2_contiguous_gradients_with_accumulation_and_dp_refused():
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 2,
+        "optimizer": OPT,
+        "zero_optimization": {"stage": 2, "contiguous_gradients": True},
+    }
+    with pytest.raises(UserError, match="contiguous_gradients"):
+        resolve_layout(cfg, 2, 1)
+    assert resolve_layout(cfg, 1, 1).zero_stage == 2  # no data parallelism: fine
+    cfg["zero_optimization"]["contiguous_gradients"] = False
+    assert resolve_layout(cfg, 2, 1).data_parallel == 2

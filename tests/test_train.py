@@ -1,0 +1,215 @@
+"""`deepspeed app/train.py` end to end: real launcher, real processes (CPU, gloo), real data and W&B.
+
+One reference run (P = 2, DP = 1) anchors the equivalence checks: the other layouts and an interrupted +
+resumed run must reproduce its per-step losses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from launcher import ROOT, metrics, train, train_losses, train_until_step_then_kill
+
+pytestmark = pytest.mark.slow
+STEPS = "8"
+FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def reference(prepared_dir, tmp_path_factory):
+    """P = 2 x DP = 1, grad_accum 4, W&B offline with a (fake) API key in the environment."""
+    out = tmp_path_factory.mktemp("runs") / "ref"
+    p = train(
+        2,
+        prepared_dir,
+        out,
+        "--max-steps",
+        STEPS,
+        "--save-every",
+        "3",
+        "--keep-last",
+        "2",
+        "--eval-every",
+        "4",
+        "--wandb-mode",
+        "offline",
+        extra_env={"WANDB_API_KEY": FAKE_KEY},
+    )
+    return out, p
+
+
+def test_reference_run_learns_and_writes_everything(reference):
+    out, _ = reference
+    losses = train_losses(out)
+    assert sorted(losses) == list(range(1, 9))
+    recs = metrics(out)
+    sanity = next(m for m in recs if "sanity/loss" in m)["sanity/loss"]
+    final = json.loads((out / "final_metrics.json").read_text())
+    assert final["val/loss"] < sanity - 0.05, (sanity, final)
+    assert math.isfinite(final["test/bpb"]) and final["test/bpb"] > 0
+    assert all(m["train/skipped_steps"] == 0 for m in recs if "train/loss" in m)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["layout"]["stages"] == 2 and cfg["layout"]["grad_accum"] == 4
+    # keep-last 2 of saves at 3, 6 and the final 8
+    tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert tags == ["step_00000006", "step_00000008"]
+    assert (out / "checkpoints" / "latest").read_text() == "step_00000008"
+
+
+def test_wandb_offline_run_has_metrics_and_no_key(reference):
+    out, _ = reference
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline W&B run file"
+    blob = b"".join(f.read_bytes() for f in runs[0].rglob("*.wandb"))
+    assert b"train/loss" in blob and b"val/bpb" in blob
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert FAKE_KEY.encode() not in f.read_bytes(), f"API key leaked into {f}"
+
+
+def test_p1_zero2_dp2_matches_p2(reference, prepared_dir, tmp_path):
+    """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve."""
+    out = tmp_path / "p1"
+    train(
+        2,
+        prepared_dir,
+        out,
+        "--max-steps",
+        STEPS,
+        "--eval-every",
+        "4",
+        "--wandb-mode",
+        "disabled",
+        stages=1,
+        config=ROOT / "ds_configs" / "cpu_zero2.json",
+    )
+    ref, got = train_losses(reference[0]), train_losses(out)
+    assert got.keys() == ref.keys()
+    for s in ref:
+        assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
+    assert not (out / "wandb").exists()
+
+
+def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference, prepared_dir, tmp_path, tmp_path_factory):
+    """4 processes: 2 stages x 2 ZeRO-1 replicas, grad_accum 2 == 1 replica with grad_accum 4."""
+    cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
+    cfg["gradient_accumulation_steps"] = 2
+    path = tmp_path / "pp2_dp2.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp_path / "dp2"
+    train(
+        4,
+        prepared_dir,
+        out,
+        "--max-steps",
+        STEPS,
+        "--eval-every",
+        "4",
+        "--wandb-mode",
+        "disabled",
+        config=path,
+    )
+    ref, got = train_losses(reference[0]), train_losses(out)
+    for s in ref:
+        assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
+    assert json.loads((out / "config.json").read_text())["layout"]["data_parallel"] == 2
+
+
+def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference, prepared_dir, tmp_path):
+    out = tmp_path / "resume"
+    common = ("--max-steps", STEPS, "--save-every", "2", "--eval-every", "4", "--wandb-mode", "disabled")
+    # 1. dies while writing checkpoint 6: 2 and 4 are complete, 6 is not, latest stays at 4
+    p = train(2, prepared_dir, out, *common, extra_env={"MLSTM_DS_FAULTS": "crash_in_save=6"}, check=False)
+    assert p.returncode != 0
+    ck = out / "checkpoints"
+    assert (ck / "latest").read_text() == "step_00000004"
+    assert (ck / "step_00000006").is_dir() and not (ck / "step_00000006" / "COMPLETE").exists()
+    # 2. rerun: resumes from 4; SIGKILL once step 7 is logged (checkpoint 6 is committed by then)
+    train_until_step_then_kill(2, prepared_dir, out, 7, *common)
+    assert (ck / "latest").read_text() == "step_00000006"
+    # 3. rerun again: resumes from 6 and finishes
+    p = train(2, prepared_dir, out, *common)
+    assert "resumed from" in p.stderr and "step_00000006" in p.stderr
+    ref, got = train_losses(reference[0]), train_losses(out)
+    assert got == ref, "resumed run diverged from the uninterrupted one"
+
+
+def test_non_finite_steps_are_skipped_on_every_rank_then_stop(prepared_dir, tmp_path):
+    out = tmp_path / "nan"
+    p = train(
+        2,
+        prepared_dir,
+        out,
+        "--max-steps",
+        STEPS,
+        "--max-consecutive-skips",
+        "2",
+        "--wandb-mode",
+        "disabled",
+        extra_env={"MLSTM_DS_FAULTS": "nan_step=2,nan_step=4,nan_step=5"},
+        check=False,
+    )
+    assert p.returncode != 0
+    assert "2 consecutive non-finite steps" in p.stderr
+    recs = {m["step"]: m for m in metrics(out) if "train/loss" in m}
+    assert [recs[s]["train/skipped_steps"] for s in (1, 2, 3, 4, 5)] == [0, 1, 1, 2, 3]
+    assert math.isfinite(recs[3]["train/loss"]) and 6 not in recs
+    assert "Traceback" not in p.stderr
+
+
+def run_single(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "app" / "train.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("missing_data", "--data: "),
+        ("bad_json", "invalid JSON"),
+        ("stages_vs_world", "--pipeline-stages 2 does not divide the world size 1"),
+        ("bad_batch", "train_batch_size 30"),
+        ("bad_model", "hidden_dim"),
+    ],
+)
+def test_bad_input_is_one_clear_line(case, needle, prepared_dir, tmp_path):
+    cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
+    data, stages, extra = str(prepared_dir), "1", []
+    if case == "missing_data":
+        data = str(tmp_path / "nope")
+    elif case == "bad_json":
+        (tmp_path / "c.json").write_text('{\n "train_micro_batch_size_per_gpu": 8,,\n}')
+    elif case == "stages_vs_world":
+        stages = "2"
+    elif case == "bad_batch":
+        cfg["train_batch_size"] = 30
+    elif case == "bad_model":
+        extra = ["model.hidden_dim=0"]
+    if case != "bad_json":
+        (tmp_path / "c.json").write_text(json.dumps(cfg))
+    p = run_single(
+        [
+            "--deepspeed_config",
+            str(tmp_path / "c.json"),
+            "--data",
+            data,
+            "--pipeline-stages",
+            stages,
+            "--out",
+            str(tmp_path / "run"),
+            *extra,
+        ]
+    )
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert len(err) == 1 and needle in err[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
