@@ -99,15 +99,6 @@ def resolve_layout(cfg: dict, world_size: int, stages: int, src: str = "deepspee
             f"{src}: ZeRO stage {zero} cannot be combined with pipeline parallelism (--pipeline-stages {stages}): "
             f"use --pipeline-stages 1 with ZeRO-{zero}, or ZeRO-1 with pipeline stages"
         )
-    zcfg = cfg.get("zero_optimization", {})
-    if zero == 2 and zcfg.get("contiguous_gradients", True) and ga > 1 and dp > 1:
-        # Measured with DeepSpeed 0.19.8 (tests/test_train.py): ZeRO-2 with contiguous gradients, gradient
-        # accumulation and data parallelism produced gradients ~1% off those of ZeRO-1 on the same batch.
-        raise UserError(
-            f"{src}: ZeRO-2 with contiguous_gradients, gradient_accumulation_steps {ga} > 1 and data_parallel "
-            f"{dp} > 1 computes wrong gradients in this DeepSpeed; set zero_optimization.contiguous_gradients "
-            f"to false"
-        )
     bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
     fp16 = bool(cfg.get("fp16", {}).get("enabled", False))
     if bf16 and fp16:

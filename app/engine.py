@@ -33,11 +33,13 @@ class Engine:
         *,
         seed: int,
         partition_method: str,
-        total_steps: int,
-        warmup: int,
-        decay: str,
-        min_lr_ratio: float,
+        total_steps: int = 1,
+        warmup: int = 0,
+        decay: str = "constant",
+        min_lr_ratio: float = 1.0,
+        inference: bool = False,
     ) -> None:
+        """`inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable)."""
         self.layout = layout
         self.is_pipe = layout.stages > 1
         if self.is_pipe:
@@ -50,15 +52,18 @@ class Engine:
             )
         else:
             module = build_sequential(model_cfg, base_seed=seed)
-        lr_fn = functools.partial(
-            lr_multiplier, warmup=warmup, total=total_steps, decay=decay, min_ratio=min_lr_ratio
-        )
-        self.ds, *_ = deepspeed.initialize(
-            model=module,
-            model_parameters=[p for p in module.parameters() if p.requires_grad],
-            config=ds_config,
-            lr_scheduler=lambda opt: LambdaLR(opt, lr_fn),
-        )
+        if inference:
+            self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
+        else:
+            lr_fn = functools.partial(
+                lr_multiplier, warmup=warmup, total=total_steps, decay=decay, min_ratio=min_lr_ratio
+            )
+            self.ds, *_ = deepspeed.initialize(
+                model=module,
+                model_parameters=[p for p in module.parameters() if p.requires_grad],
+                config=ds_config,
+                lr_scheduler=lambda opt: LambdaLR(opt, lr_fn),
+            )
         if self.is_pipe:
             self.dp_rank = self.ds.grid.get_data_parallel_rank()
             self.needs_inputs = self.ds.is_first_stage()

@@ -33,7 +33,7 @@ from app.engine import Engine
 from app.errors import UserError, exit_on_user_error
 from app.evaluation import evaluate
 from app.flops import measure_matmul_peak
-from app.logs import get_logger, setup_logging
+from app.logs import setup_logging
 from app.model.config import ModelConfig, flops_per_token
 from app.presets import load_model_config
 from app.runtime import init_distributed, seed_everything, set_threads
@@ -268,23 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         step += 1
         applied = engine.step_applied() and math.isfinite(loss)
-        if applied:
-            consecutive_skips = 0
-        else:
-            consecutive_skips += 1
-            skipped_total += 1
-            if rank == 0:
-                log.warning(
-                    f"step {step}: non-finite loss/gradient (loss {loss}); update skipped on every rank"
-                )
-            if consecutive_skips >= cfg.max_consecutive_skips:
-                raise SystemExit(
-                    _fatal(
-                        f"stopping: {consecutive_skips} consecutive non-finite steps (up to step {step}); "
-                        f"lower the learning rate or check the data. Last good checkpoint: "
-                        f"{ckpt.find_resume_tag(root, None) or 'none'}"
-                    )
-                )
+        consecutive_skips = 0 if applied else consecutive_skips + 1
+        skipped_total += 0 if applied else 1
+        if not applied and rank == 0:
+            log.warning(f"step {step}: non-finite loss/gradient (loss {loss}); update skipped on every rank")
         window_tokens += tokens
         window_time += dt
         if rank == 0:
@@ -316,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 (bar.write(line, file=sys.stderr) if bar is not None else log.info(line))
                 window_tokens, window_time = 0, 0.0
+        if consecutive_skips >= cfg.max_consecutive_skips:  # every rank agrees: the skip decision is global
+            if rank == 0:
+                log.error(
+                    f"stopping: {consecutive_skips} consecutive non-finite steps (up to step {step}); lower the "
+                    f"learning rate or check the data. Last good checkpoint: "
+                    f"{ckpt.find_resume_tag(root, None) or 'none'}"
+                )
+                tracker.close()
+            return 3
         if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
             run_eval(val_sched, val_store, "val", cfg.eval_max_batches)
         if cfg.save_every and step % cfg.save_every == 0:
@@ -345,11 +341,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _layout_dict(layout) -> dict:
     return {f: getattr(layout, f) for f in layout.__slots__}
-
-
-def _fatal(msg: str) -> int:
-    get_logger().error(msg)
-    return 3
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

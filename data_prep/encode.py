@@ -80,10 +80,11 @@ class EncodeFn:
 
 
 def encode_documents(docs, tokenizer: Tokenizer, *, max_seq_len: int, num_proc: int, batch_size: int = 256):
-    # Enough batches for every worker to stay busy, few enough that per-batch overhead stays small.
-    batch_size = max(1, min(batch_size, -(-len(docs) // (4 * num_proc))))
     """``docs`` has columns text, doc_id, num_bytes, split; returns examples (EXAMPLE_SCHEMA) in document order."""
     import datasets
+
+    # Enough batches for every worker to stay busy, few enough that per-batch overhead stays small.
+    batch_size = max(1, min(batch_size, -(-len(docs) // (4 * num_proc))))
 
     features = datasets.Features(
         {

@@ -25,3 +25,53 @@ def prepared_byte_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "byte"
     assert prep_main(["--out", str(out), "--tokenizer", "byte", *TINY_PREP_ARGS]) == 0
     return out
+
+
+# ---- short real training runs (real deepspeed launcher, CPU, gloo), shared by trainer and eval tests
+
+FAKE_WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
+REF_STEPS = "8"
+
+
+@pytest.fixture(scope="session")
+def reference_run(prepared_dir, tmp_path_factory):
+    """P = 2 x DP = 1, grad_accum 4, 8 steps, W&B offline with a (fake) API key in the environment.
+
+    Returns (run_dir, CompletedProcess). Checkpoints kept: step 6 and step 8 (latest).
+    """
+    from launcher import train
+
+    out = tmp_path_factory.mktemp("runs") / "ref"
+    p = train(
+        2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
+        "--eval-every", "4", "--wandb-mode", "offline", extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
+    )  # fmt: skip
+    return out, p
+
+
+@pytest.fixture(scope="session")
+def pp2_dp2_run(prepared_dir, tmp_path_factory):
+    """4 processes: P = 2 stages x DP = 2 ZeRO-1 replicas, grad_accum 2 (same global batches as reference_run)."""
+    import json
+
+    from launcher import ROOT, train
+
+    tmp = tmp_path_factory.mktemp("runs")
+    cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
+    cfg["gradient_accumulation_steps"] = 2
+    path = tmp / "pp2_dp2.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp / "dp2"
+    train(
+        4,
+        prepared_dir,
+        out,
+        "--max-steps",
+        REF_STEPS,
+        "--eval-every",
+        "4",
+        "--wandb-mode",
+        "disabled",
+        config=path,
+    )
+    return out

@@ -76,16 +76,3 @@ def test_shipped_configs_validate(path):
     if "offload" in path.name:
         assert out["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
-
-def test_zero2_contiguous_gradients_with_accumulation_and_dp_refused():
-    cfg = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 2,
-        "optimizer": OPT,
-        "zero_optimization": {"stage": 2, "contiguous_gradients": True},
-    }
-    with pytest.raises(UserError, match="contiguous_gradients"):
-        resolve_layout(cfg, 2, 1)
-    assert resolve_layout(cfg, 1, 1).zero_stage == 2  # no data parallelism: fine
-    cfg["zero_optimization"]["contiguous_gradients"] = False
-    assert resolve_layout(cfg, 2, 1).data_parallel == 2

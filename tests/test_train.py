@@ -12,38 +12,15 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FAKE_WANDB_KEY as FAKE_KEY
+from conftest import REF_STEPS as STEPS
 from launcher import ROOT, metrics, train, train_losses, train_until_step_then_kill
 
 pytestmark = pytest.mark.slow
-STEPS = "8"
-FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture(scope="module")
-def reference(prepared_dir, tmp_path_factory):
-    """P = 2 x DP = 1, grad_accum 4, W&B offline with a (fake) API key in the environment."""
-    out = tmp_path_factory.mktemp("runs") / "ref"
-    p = train(
-        2,
-        prepared_dir,
-        out,
-        "--max-steps",
-        STEPS,
-        "--save-every",
-        "3",
-        "--keep-last",
-        "2",
-        "--eval-every",
-        "4",
-        "--wandb-mode",
-        "offline",
-        extra_env={"WANDB_API_KEY": FAKE_KEY},
-    )
-    return out, p
-
-
-def test_reference_run_learns_and_writes_everything(reference):
-    out, _ = reference
+def test_reference_run_learns_and_writes_everything(reference_run):
+    out, _ = reference_run
     losses = train_losses(out)
     assert sorted(losses) == list(range(1, 9))
     recs = metrics(out)
@@ -60,8 +37,8 @@ def test_reference_run_learns_and_writes_everything(reference):
     assert (out / "checkpoints" / "latest").read_text() == "step_00000008"
 
 
-def test_wandb_offline_run_has_metrics_and_no_key(reference):
-    out, _ = reference
+def test_wandb_offline_run_has_metrics_and_no_key(reference_run):
+    out, _ = reference_run
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline W&B run file"
     blob = b"".join(f.read_bytes() for f in runs[0].rglob("*.wandb"))
@@ -71,55 +48,32 @@ def test_wandb_offline_run_has_metrics_and_no_key(reference):
             assert FAKE_KEY.encode() not in f.read_bytes(), f"API key leaked into {f}"
 
 
-def test_p1_zero2_dp2_matches_p2(reference, prepared_dir, tmp_path):
+def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
     """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve."""
+    cfg = json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())
+    cfg["gradient_accumulation_steps"] = 2  # 2 x DP 2 = the reference's 4 micro-batches per step
+    path = tmp_path / "zero2.json"
+    path.write_text(json.dumps(cfg))
     out = tmp_path / "p1"
-    train(
-        2,
-        prepared_dir,
-        out,
-        "--max-steps",
-        STEPS,
-        "--eval-every",
-        "4",
-        "--wandb-mode",
-        "disabled",
-        stages=1,
-        config=ROOT / "ds_configs" / "cpu_zero2.json",
-    )
-    ref, got = train_losses(reference[0]), train_losses(out)
+    train(2, prepared_dir, out, "--max-steps", STEPS, "--eval-every", "4", "--wandb-mode", "disabled",
+          stages=1, config=path)  # fmt: skip
+    ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got.keys() == ref.keys()
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
     assert not (out / "wandb").exists()
 
 
-def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference, prepared_dir, tmp_path, tmp_path_factory):
+def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference_run, pp2_dp2_run):
     """4 processes: 2 stages x 2 ZeRO-1 replicas, grad_accum 2 == 1 replica with grad_accum 4."""
-    cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
-    cfg["gradient_accumulation_steps"] = 2
-    path = tmp_path / "pp2_dp2.json"
-    path.write_text(json.dumps(cfg))
-    out = tmp_path / "dp2"
-    train(
-        4,
-        prepared_dir,
-        out,
-        "--max-steps",
-        STEPS,
-        "--eval-every",
-        "4",
-        "--wandb-mode",
-        "disabled",
-        config=path,
-    )
-    ref, got = train_losses(reference[0]), train_losses(out)
+    ref, got = train_losses(reference_run[0]), train_losses(pp2_dp2_run)
+    assert got.keys() == ref.keys()
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
-    assert json.loads((out / "config.json").read_text())["layout"]["data_parallel"] == 2
+    assert json.loads((pp2_dp2_run / "config.json").read_text())["layout"]["data_parallel"] == 2
 
 
-def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference, prepared_dir, tmp_path):
+def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run, prepared_dir, tmp_path):
     out = tmp_path / "resume"
     common = ("--max-steps", STEPS, "--save-every", "2", "--eval-every", "4", "--wandb-mode", "disabled")
     # 1. dies while writing checkpoint 6: 2 and 4 are complete, 6 is not, latest stays at 4
@@ -134,7 +88,7 @@ def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference, pre
     # 3. rerun again: resumes from 6 and finishes
     p = train(2, prepared_dir, out, *common)
     assert "resumed from" in p.stderr and "step_00000006" in p.stderr
-    ref, got = train_losses(reference[0]), train_losses(out)
+    ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got == ref, "resumed run diverged from the uninterrupted one"
 
 

@@ -1,0 +1,100 @@
+"""`--checkpoint PATH`: a training checkpoint (run dir, checkpoints/ dir or tag dir) or an export dir.
+
+`open_source` reads only JSON here; the weights are converted on demand (`Source.state_dict`), always
+through safe loaders (`app.weights.safe_load`, safetensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import UserError
+from app.model.config import ModelConfig
+from app.weights import StateDict
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    path: Path  # the checkpoint tag folder or the export folder
+    kind: str  # "checkpoint" | "export"
+    model_cfg: ModelConfig
+    tokenizer_meta: dict
+    step: int | None
+    trained_layout: dict | None
+    zero_stage: int = 0
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        p = self.path / "tokenizer.model"
+        return p if self.tokenizer_meta.get("type") == "sentencepiece" else None
+
+    def tokenizer(self):
+        from data_prep.tokenizer import load_tokenizer
+
+        try:
+            return load_tokenizer(self.tokenizer_meta, self.tokenizer_path)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise UserError(f"--checkpoint {self.path}: cannot load its tokenizer ({e})") from None
+
+    def state_dict(self) -> StateDict:
+        """Full float32 weights with SequentialModel keys (see app.weights)."""
+        if self.kind == "export":
+            from app.export import read_weights
+
+            return read_weights(self.path, self.model_cfg)
+        from app.weights import checkpoint_state_dict
+
+        return checkpoint_state_dict(self.path, self.model_cfg, self.zero_stage)
+
+    def describe(self) -> str:
+        step = f" step {self.step}" if self.step is not None else ""
+        lay = self.trained_layout
+        trained = (
+            f", trained with P={lay['stages']} x DP={lay['data_parallel']} ZeRO-{lay['zero_stage']} {lay['precision']}"
+            if lay
+            else ""
+        )
+        return f"{self.kind} {self.path}{step}{trained}"
+
+
+def _model_cfg(d: object, where: Path) -> ModelConfig:
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: no model_config")
+    try:
+        return ModelConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{where}: invalid model_config ({e})") from None
+
+
+def open_source(path: str | Path) -> Source:
+    from app.export import is_export_dir, read_export_config
+
+    p = Path(path)
+    if is_export_dir(p):
+        cfg = read_export_config(p)
+        return Source(
+            path=p,
+            kind="export",
+            model_cfg=_model_cfg(cfg.get("model_config"), p / "config.json"),
+            tokenizer_meta=cfg["tokenizer"],
+            step=cfg.get("step"),
+            trained_layout=cfg.get("trained_layout"),
+        )
+    from app.checkpoint import read_app_state, resolve_checkpoint_dir
+
+    d = resolve_checkpoint_dir(p)
+    state = read_app_state(d)
+    tok = state.get("tokenizer")
+    if not isinstance(tok, dict):
+        raise UserError(f"{d / 'app_state.json'}: no tokenizer entry")
+    layout = state.get("layout") or {}
+    return Source(
+        path=d,
+        kind="checkpoint",
+        model_cfg=_model_cfg(state.get("model_config"), d / "app_state.json"),
+        tokenizer_meta=tok,
+        step=state.get("step"),
+        trained_layout=layout or None,
+        zero_stage=int(layout.get("zero_stage", 0)),
+    )

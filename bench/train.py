@@ -1,0 +1,155 @@
+"""End-to-end training throughput on CPU, measured side by side in one run. JSON line last.
+
+    python bench/train.py [--steps 6] [--threads 1]
+
+1. DeepSpeed, P = 1, one process         (`deepspeed app/train.py ... --pipeline-stages 1`)
+2. a minimal plain-PyTorch loop          (same model, data order, micro-batches, AdamW, clipping; in process)
+3. DeepSpeed, P = 2 on two processes     (`deepspeed app/train.py ... --pipeline-stages 2`)
+All with the same threads per process. Reports tokens/s (median over steps after the first),
+vs_plain_torch = DS P=1 / plain, pipeline_speedup = P=2 / P=1 beside the bubble-limited ideal
+P * M / (M + P - 1) for M micro-batches, and MFU against the measured fp32 matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = {"embed_dim": 256, "hidden_dim": 512, "num_layers": 3}
+
+
+def prep(out: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "data_prep", "--out", str(out), "--vocab-size", "2000", "--max-seq-len", "128",
+         "--default-max-mb", "2", "--quiet"],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
+
+
+def ds_run(nprocs: int, stages: int, data: Path, cfg: Path, model: Path, out: Path, steps: int, threads: int) -> float:
+    cmd = [
+        str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", str(29700 + stages),
+        str(ROOT / "app" / "train.py"), "--deepspeed_config", str(cfg), "--data", str(data), "--out", str(out),
+        "--pipeline-stages", str(stages), "--model-config", str(model), "--max-steps", str(steps),
+        "--eval-every", "0", "--save-every", "0", "--sanity-eval-batches", "0", "--test-eval", "false",
+        "--progress", "false", "--wandb-mode", "disabled", "--warmup-steps", "2",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"deepspeed run failed:\n{p.stderr[-4000:]}")
+    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    tps = [r["train/tokens_per_s"] for r in recs if "train/tokens_per_s" in r]
+    return statistics.median(tps[1:])
+
+
+def plain_run(data: Path, ds_cfg: dict, steps: int, threads: int) -> float:
+    """The same training step written directly in PyTorch, no DeepSpeed."""
+    import torch
+
+    from app.data import BucketSchedule, TokenStore, collate
+    from app.model.config import ModelConfig
+    from app.model.loss import token_loss
+    from app.model.pipeline import build_sequential
+    from app.schedule import lr_multiplier
+    from data_prep.format import load_prepared
+
+    torch.set_num_threads(threads)
+    data_ = load_prepared(data)
+    tok = data_.meta["tokenizer"]
+    store = TokenStore(data_.split("train"))
+    mb, ga = ds_cfg["train_micro_batch_size_per_gpu"], ds_cfg["gradient_accumulation_steps"]
+    sched = BucketSchedule(store, data_.meta["buckets"], micro_batch=mb, grad_accum=ga, data_parallel=1, seed=1234)
+    model = build_sequential(ModelConfig(vocab_size=tok["vocab_size"], **MODEL), base_seed=1234)
+    p = ds_cfg["optimizer"]["params"]
+    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"], weight_decay=0.0)
+    lr_fn = lambda s: lr_multiplier(s, warmup=2, total=steps, decay="cosine", min_ratio=0.1)  # noqa: E731
+    sched_lr = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
+    plan = sched.epoch(0)
+    tps = []
+    for step in range(steps):
+        mbs = plan[step]
+        tokens = sum(m.tokens for m in mbs)
+        batches = [collate(store, m, tok["bos_id"], tok["pad_id"]) for m in mbs]
+        t0 = time.perf_counter()
+        scale = torch.tensor([ga / tokens])
+        for x, y in batches:
+            (token_loss(model(x), (y, scale)) / ga).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), ds_cfg["gradient_clipping"])
+        opt.step()
+        sched_lr.step()
+        opt.zero_grad(set_to_none=True)
+        tps.append(tokens / (time.perf_counter() - t0))
+    return statistics.median(tps[1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=1, help="threads per process (2 processes run for P = 2)")
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--grad-accum", type=int, default=8, help="M, the micro-batches per step")
+    args = ap.parse_args()
+
+    import torch
+
+    from app.flops import measure_matmul_peak
+    from app.model.config import ModelConfig, flops_per_token
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        prep(tmp / "data")
+        ds_cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
+        ds_cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
+        ds_cfg["gradient_accumulation_steps"] = args.grad_accum
+        (tmp / "ds.json").write_text(json.dumps(ds_cfg))
+        (tmp / "model.json").write_text(json.dumps(MODEL))
+        vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
+
+        run = lambda n, p: ds_run(n, p, tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{p}", args.steps, args.threads)  # noqa: E731,E501
+        ds_p1 = run(1, 1)
+        plain = plain_run(tmp / "data", ds_cfg, args.steps, args.threads)
+        ds_p2 = run(2, 2)
+
+    torch.set_num_threads(args.threads)
+    peak = measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=1.0)
+    fpt = flops_per_token(ModelConfig(vocab_size=vocab, **MODEL))
+    P, M = 2, args.grad_accum
+    ideal = P * M / (M + P - 1)
+    speedup = ds_p2 / ds_p1
+    print(
+        json.dumps(
+            {
+                "model": MODEL,
+                "vocab": vocab,
+                "threads_per_process": args.threads,
+                "micro_batch": args.micro_batch,
+                "micro_batches_M": M,
+                "tokens_per_s_ds_p1": round(ds_p1, 1),
+                "tokens_per_s_plain_torch": round(plain, 1),
+                "tokens_per_s_ds_p2": round(ds_p2, 1),
+                "vs_plain_torch": round(ds_p1 / plain, 3),
+                "pipeline_speedup": round(speedup, 3),
+                "pipeline_ideal": round(ideal, 3),
+                "pipeline_bubble": round((P - 1) / (M + P - 1), 3),
+                "pipeline_vs_ideal": round(speedup / ideal, 3),
+                "matmul_peak_gflops_per_thread_set": round(peak / 1e9, 1),
+                "mfu_ds_p1": round(fpt * ds_p1 / peak, 3),
+                "mfu_ds_p2": round(fpt * ds_p2 / (2 * peak), 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""launch/ scripts: environment-driven, and DRY_RUN=1 prints the exact command without running anything."""
+
+import os
+import subprocess
+
+import pytest
+from launcher import ROOT
+
+
+def dry(script: str, **env) -> str:
+    e = dict(os.environ, DRY_RUN="1", **env)
+    p = subprocess.run(["bash", str(ROOT / "launch" / script)], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return p.stdout + p.stderr
+
+
+def test_single_node_dry_run_uses_env():
+    out = dry("train_single_node.sh", NUM_PROCS="4", STAGES="2", OUT="runs/x", MAX_STEPS="7")
+    assert "deepspeed --num_gpus 4 app/train.py" in out
+    assert "--pipeline-stages 2" in out and "--out runs/x" in out and "--max-steps 7" in out
+
+
+def test_multi_node_dry_run_reads_hostfile(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("# comment\nnodeA slots=8\nnodeB slots=8\n")
+    out = dry("train_multi_node.sh", HOSTFILE=str(hf))
+    assert f"--hostfile {hf}" in out and "--master_addr nodeA" in out
+
+
+def test_multi_node_missing_hostfile_is_one_line(tmp_path):
+    e = dict(os.environ, DRY_RUN="1", HOSTFILE=str(tmp_path / "none"))
+    p = subprocess.run(
+        ["bash", str(ROOT / "launch" / "train_multi_node.sh")], env=e, capture_output=True, text=True
+    )
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: HOSTFILE")
+
+
+def test_quickstart_dry_run_lists_every_stage():
+    out = dry("quickstart.sh")
+    for needle in (
+        "python -m data_prep",
+        "app/train.py",
+        "app/evaluate.py",
+        "app/export.py",
+        "app/generate.py",
+    ):
+        assert needle in out
+
+
+@pytest.mark.parametrize(
+    "script", [*sorted(p.name for p in (ROOT / "launch").glob("*.sh")), "slurm_train.sbatch"]
+)
+def test_scripts_parse_and_are_executable(script):
+    path = ROOT / "launch" / script
+    assert os.access(path, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
