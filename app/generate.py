@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if len(records) > 1:
         for rec in records:
-            print(f"\n===== sample {rec['row']} ({rec['stop']}) =====\n{rec['prompt']}{rec['text']}", flush=True)
+            print(
+                f"\n===== sample {rec['row']} ({rec['stop']}) =====\n{rec['prompt']}{rec['text']}", flush=True
+            )
     if cfg.output:
         try:
             with open(cfg.output, "w", encoding="utf-8") as f:

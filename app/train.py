@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         decay=cfg.lr_decay,
         min_lr_ratio=cfg.min_lr_ratio,
     )
-    n_params = sum(p.numel() for p in engine.module.parameters())
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())  # ZeRO-3 partitions
 
     # ---- resume
     step, skipped_total, wandb_id = 0, 0, None

@@ -94,7 +94,9 @@ def _module_state(ckpt: Path) -> StateDict:
         raise UserError(f"--checkpoint {ckpt}: no layer_*-model_states.pt and no {path.name}")
     module = _as_dict(safe_load(path), path).get("module")
     if not isinstance(module, dict) or not module:
-        raise UserError(f"{path}: has no 'module' weights (a ZeRO-3 checkpoint whose app_state says otherwise?)")
+        raise UserError(
+            f"{path}: has no 'module' weights (a ZeRO-3 checkpoint whose app_state says otherwise?)"
+        )
     return dict(module)
 
 
@@ -114,7 +116,9 @@ def _zero3_state(ckpt: Path) -> StateDict:
         shapes.update(group)
     flats = []
     for path in optim:
-        osd = _as_dict(_as_dict(safe_load(path, ZERO_OPTIM_STAND_INS), path).get("optimizer_state_dict"), path)
+        osd = _as_dict(
+            _as_dict(safe_load(path, ZERO_OPTIM_STAND_INS), path).get("optimizer_state_dict"), path
+        )
         if osd.get("zero_stage") != 3 or "fp32_flat_groups" not in osd:
             raise UserError(f"{path}: not a ZeRO-3 optimizer partition (zero_stage {osd.get('zero_stage')})")
         if osd.get("partition_count") not in (world, [world] * len(osd["fp32_flat_groups"])):
@@ -131,7 +135,9 @@ def _zero3_state(ckpt: Path) -> StateDict:
         out[name] = full[:n].view(shape).clone()
         offset += part
     if offset != flats[0].numel():
-        raise UserError(f"--checkpoint {ckpt}: ZeRO-3 partitions hold {flats[0].numel()} values, expected {offset}")
+        raise UserError(
+            f"--checkpoint {ckpt}: ZeRO-3 partitions hold {flats[0].numel()} values, expected {offset}"
+        )
     return out
 
 

@@ -36,7 +36,9 @@ def prep(out: Path) -> None:
     )  # fmt: skip
 
 
-def ds_run(nprocs: int, stages: int, data: Path, cfg: Path, model: Path, out: Path, steps: int, threads: int) -> float:
+def ds_run(
+    nprocs: int, stages: int, data: Path, cfg: Path, model: Path, out: Path, steps: int, threads: int
+) -> float:
     cmd = [
         str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nprocs), "--master_port", str(29700 + stages),
         str(ROOT / "app" / "train.py"), "--deepspeed_config", str(cfg), "--data", str(data), "--out", str(out),
@@ -69,7 +71,9 @@ def plain_run(data: Path, ds_cfg: dict, steps: int, threads: int) -> float:
     tok = data_.meta["tokenizer"]
     store = TokenStore(data_.split("train"))
     mb, ga = ds_cfg["train_micro_batch_size_per_gpu"], ds_cfg["gradient_accumulation_steps"]
-    sched = BucketSchedule(store, data_.meta["buckets"], micro_batch=mb, grad_accum=ga, data_parallel=1, seed=1234)
+    sched = BucketSchedule(
+        store, data_.meta["buckets"], micro_batch=mb, grad_accum=ga, data_parallel=1, seed=1234
+    )
     model = build_sequential(ModelConfig(vocab_size=tok["vocab_size"], **MODEL), base_seed=1234)
     p = ds_cfg["optimizer"]["params"]
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"], weight_decay=0.0)
@@ -116,7 +120,9 @@ def main() -> None:
         (tmp / "model.json").write_text(json.dumps(MODEL))
         vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
 
-        run = lambda n, p: ds_run(n, p, tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{p}", args.steps, args.threads)  # noqa: E731,E501
+        run = lambda n, p: ds_run(
+            n, p, tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{p}", args.steps, args.threads
+        )  # noqa: E731
         ds_p1 = run(1, 1)
         plain = plain_run(tmp / "data", ds_cfg, args.steps, args.threads)
         ds_p2 = run(2, 2)

@@ -75,4 +75,3 @@ def test_shipped_configs_validate(path):
         assert lay.precision == "bf16"
     if "offload" in path.name:
         assert out["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-

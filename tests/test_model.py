@@ -171,6 +171,19 @@ def test_layer_bf16_autocast_and_dropout():
     assert (layer(x) == 0).float().mean() > 0.3  # dropout on the output in training only
 
 
+def test_layer_with_bf16_parameters():
+    """DeepSpeed bf16 mode keeps parameters in bf16 without autocast: gates still run in fp32."""
+    torch.manual_seed(8)
+    layer = RecurrentLayer(debug_config(), 0)
+    x = torch.randn(2, 9, 32)
+    y32 = layer(x)
+    layer.to(torch.bfloat16)
+    y16 = layer(x.bfloat16())
+    assert y16.dtype == torch.bfloat16 and (y16.float() - y32).abs().max() < 3e-2
+    y16.float().sum().backward()
+    assert all(p.grad.dtype == torch.bfloat16 and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_sequential_model_structure(tied):
     cfg = debug_config(50, embed_dim=64, tie_embeddings=tied)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,10 @@ def results(tmp_path_factory) -> list[list[dict]]:
     out = tmp_path_factory.mktemp("pipe")
     launcher = Path(sys.executable).with_name("deepspeed")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    cmd = [str(launcher), "--num_gpus", str(WORLD), "--master_port", "29533"]
+    with socket.socket() as sock:  # a free port, so parallel test runs on the box do not collide
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(launcher), "--num_gpus", str(WORLD), "--master_port", str(port)]
     cmd += [str(ROOT / "tests/dist/model_pipe_parity.py"), "--out_dir", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

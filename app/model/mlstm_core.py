@@ -50,7 +50,8 @@ class MLSTMFunction(torch.autograd.Function):
 
         xt = x.transpose(0, 1).contiguous()  # (T, B, D): per-step slices contiguous
         proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
-        pm = proj[..., :H]  # (T, B, H)  W_mx x_t
+        # a contiguous copy, so backward keeps (T, B, H) alive rather than all of proj (T, B, 5H)
+        pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
         pg = proj[..., H:]  # (T, B, 4H) W_x x_t
         pg += bias
 
@@ -95,11 +96,20 @@ class MLSTMFunction(torch.autograd.Function):
         # Everything the reverse loop needs that does not depend on the recurrence, for all t at once.
         si, sf, so, tu = gates.split(H, dim=2)  # each (T, B, H)
         # dL/d(pre-activation) = E_t * K_t with E_t = [dc, dc, dh, dc] and
-        # K = [tu, c_{t-1}, tanh c_t, si] * [sig', sig', sig', tanh'] of the respective gate
-        K = torch.cat(
-            (tu * si * (1 - si), cs[:-1] * sf * (1 - sf), tcs * so * (1 - so), si * (1 - tu * tu)), dim=2
-        )
-        S = so * (1 - tcs * tcs)  # (T, B, H) dh -> dc
+        # K = [tu, c_{t-1}, tanh c_t, si] * [sig', sig', sig', tanh'] of the respective gate,
+        # written with fused addcmul passes because these are the biggest elementwise ops of the layer.
+        one = torch.ones((), dtype=sdt, device=xt.device)
+        K = torch.empty(T, B, 4, H, dtype=sdt, **kw)
+        d = torch.addcmul(si, si, si, value=-1)  # (T, B, H) sigmoid'(i) = si (1 - si)
+        torch.mul(d, tu, out=K[:, :, 0])
+        torch.addcmul(sf, sf, sf, value=-1, out=d)
+        torch.mul(d, cs[:-1], out=K[:, :, 1])
+        torch.addcmul(so, so, so, value=-1, out=d)
+        torch.mul(d, tcs, out=K[:, :, 2])
+        torch.addcmul(one, tu, tu, value=-1, out=d)  # tanh'(u) = 1 - tu^2
+        torch.mul(d, si, out=K[:, :, 3])
+        torch.addcmul(one, tcs, tcs, value=-1, out=d)
+        S = d.mul_(so)  # (T, B, H) dh -> dc
         dyt = dy.transpose(0, 1).to(sdt).contiguous()  # (T, B, H)
         w_m_t = w_m.t().contiguous()  # (H, 4H)
         w_mh_t = w_mh.t().contiguous()  # (H, H)
@@ -107,16 +117,15 @@ class MLSTMFunction(torch.autograd.Function):
         dG = torch.empty(T, B, 4 * H, dtype=cdt, **kw)  # d(pre-activations [i, f, o, u])
         dPm = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mx x_t)
         dR = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mh h_{t-1})
-        K4 = K.view(T, B, 4, H)
         dc = torch.zeros(B, H, dtype=sdt, **kw)
         dh_next = torch.zeros(B, H, dtype=sdt, **kw)
-        dyt_u, S_u, K4_u, Ko_u, sf_u = (v.unbind(0) for v in (dyt, S, K4, K4[:, :, 2], sf))
+        dyt_u, S_u, K_u, Ko_u, sf_u = (v.unbind(0) for v in (dyt, S, K, K[:, :, 2], sf))
         dG_u, dGo_u = dG.view(T, B, 4, H).unbind(0), dG.view(T, B, 4, H)[:, :, 2].unbind(0)
         dG2_u, dPm_u, dR_u, rs_u, pm_u = (v.unbind(0) for v in (dG, dPm, dR, rs, pm))
         for t in range(T - 1, -1, -1):
             dh = dyt_u[t] + dh_next  # (B, H)
             dc.addcmul_(dh, S_u[t])  # dc arrives already multiplied by sf[t+1]
-            torch.mul(K4_u[t], dc.unsqueeze(1), out=dG_u[t])  # (B, 4, H): i, f, u take dc ...
+            torch.mul(K_u[t], dc.unsqueeze(1), out=dG_u[t])  # (B, 4, H): i, f, u take dc ...
             torch.mul(Ko_u[t], dh, out=dGo_u[t])  # ... and the o gate takes dh
             dm = linear(dG2_u[t], w_m_t)  # (B, H)
             torch.mul(dm, rs_u[t], out=dPm_u[t])

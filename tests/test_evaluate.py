@@ -1,0 +1,172 @@
+"""app/evaluate.py: exact numbers from any checkpoint with any layout; text files beside gzip/bzip2/xz.
+
+The slow tests evaluate the checkpoints of real training runs (tests/conftest.py) as one plain process
+and under the deepspeed launcher with another layout, and check the numbers against each other and
+against the run's own final_metrics.json (computed by the training engine at the end of the run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from launcher import ROOT, deepspeed_cmd, run
+from test_weights import fake_checkpoint, tiny
+
+from app.compressors import compressed_bits_per_byte
+from app.evaluate import fmt_table, text_store
+from app.evaluate import main as evaluate_main
+from data_prep.tokenizer import ByteTokenizer
+
+REL = 1e-5
+
+
+def close(a: float, b: float, rel: float = REL) -> bool:
+    return math.isclose(a, b, rel_tol=rel)
+
+
+def test_compressors_and_text_chunks():
+    text = "the quick brown fox jumps over the lazy dog. " * 50
+    ref = compressed_bits_per_byte(text.encode())
+    assert set(ref) == {"gzip -9", "bzip2 -9", "xz -9"} and all(0 < v < 1.5 for v in ref.values())
+    tok = ByteTokenizer()
+    store = text_store(tok, text + "é", chunk=64)
+    n = len((text + "é").encode()) + 1  # bytes + EOS
+    assert int(store.lengths.sum()) == n and store.lengths.max() == 64
+    assert int(store.num_bytes.sum()) == n - 1
+    table = fmt_table([{"name": "x", "tokens": 3, "bytes": 4, "loss": 1.0, "ppl": 2.7, "bits/byte": 0.5}])
+    assert "bits/byte" in table and "-" in table.splitlines()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--checkpoint", "/nonexistent"], "nothing to evaluate"),
+        (["--checkpoint", "/nonexistent", "--data", "/x"], "--checkpoint: no such file"),
+        (["--checkpoint", "RUN", "--data", "/nonexistent/data"], "--data"),
+        (["--checkpoint", "RUN", "--text", "/nonexistent.txt"], "--text /nonexistent.txt"),
+        (["--checkpoint", "RUN", "--text", "BINARY"], "not UTF-8"),
+        (["--checkpoint", "RUN", "--text", "EMPTY"], "empty"),
+        (["--checkpoint", "RUN", "--data", "/x", "--split", "dev"], "--split"),
+        (["--checkpoint", "RUN", "--text", "EMPTY", "--pipeline-stages", "0"], "--pipeline-stages"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, capsys, args, needle):
+    """All of these fail before any process group exists, so they run in-process."""
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    (tmp_path / "bin").write_bytes(b"\xff\xfe\x00abc")
+    (tmp_path / "empty").write_bytes(b"")
+    subst = {"RUN": str(tmp_path / "run"), "BINARY": str(tmp_path / "bin"), "EMPTY": str(tmp_path / "empty")}
+    rc = evaluate_main([subst.get(a, a) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
+def test_data_with_another_tokenizer_is_refused(tmp_path, capsys, prepared_dir):
+    fake_checkpoint(tmp_path / "run", tiny(), "module")  # byte tokenizer; prepared_dir is SentencePiece
+    assert evaluate_main(["--checkpoint", str(tmp_path / "run"), "--data", str(prepared_dir)]) == 2
+    assert "tokenized differently" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- real checkpoints, several layouts
+
+
+def evaluate_cli(ckpt: Path, out: Path, *extra: str, nprocs: int = 0) -> dict:
+    """nprocs 0: `python app/evaluate.py` (one plain process); else under the deepspeed launcher."""
+    args = ["--checkpoint", str(ckpt), "--out", str(out), *extra]
+    cmd = (
+        deepspeed_cmd(nprocs, "app/evaluate.py", args)
+        if nprocs
+        else [sys.executable, "app/evaluate.py", *args]
+    )
+    p = run(cmd)
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    assert "bits/byte" in p.stdout
+    return json.loads(out.read_text())
+
+
+def same_numbers(a: dict, b: dict, keys: tuple[str, ...]) -> None:
+    for k in keys:
+        assert close(a[k], b[k]), (k, a[k], b[k])
+
+
+TEST_KEYS = ("test/loss", "test/bpb", "test/ppl")
+
+
+@pytest.mark.slow
+def test_pp2_dp2_checkpoint_evaluated_as_one_process_and_as_two_stages(pp2_dp2_run, prepared_dir, tmp_path):
+    text = ROOT / "README.md"
+    common = ["--data", str(prepared_dir), "--text", str(text)]
+    one = evaluate_cli(pp2_dp2_run, tmp_path / "p1.json", *common)
+    two = evaluate_cli(pp2_dp2_run, tmp_path / "p2.json", *common, "--pipeline-stages", "2", nprocs=2)
+    assert one["trained_layout"]["stages"] == 2 and one["trained_layout"]["data_parallel"] == 2
+    assert one["evaluated_layout"]["stages"] == 1 and two["evaluated_layout"]["stages"] == 2
+    same_numbers(one, two, TEST_KEYS)
+    assert one["test/tokens"] == two["test/tokens"] and one["test/bytes"] == two["test/bytes"]
+    t1, t2 = one["texts"][0], two["texts"][0]
+    assert t1["bytes"] == len(text.read_bytes()) and t1["tokens"] == t2["tokens"]
+    assert close(t1["loss"], t2["loss"]) and close(t1["bits/byte"], t2["bits/byte"])
+    assert t1["gzip -9"] < 8 and t1["xz -9"] < 8  # the reference line is there
+    final = json.loads((pp2_dp2_run / "final_metrics.json").read_text())
+    same_numbers(one, final, TEST_KEYS)  # what the training engine computed at the end of the run
+    assert one["test/tokens"] == final["test/tokens"]
+
+
+@pytest.mark.slow
+def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_run, prepared_dir, tmp_path):
+    from app.export import main as export_main
+
+    run_dir, _ = reference_run
+    step6 = run_dir / "checkpoints" / "step_00000006"
+    one = evaluate_cli(run_dir, tmp_path / "p1.json", "--data", str(prepared_dir))
+    final = json.loads((run_dir / "final_metrics.json").read_text())
+    same_numbers(one, final, TEST_KEYS)
+    # P = 1 x DP = 2 under the launcher, on the older checkpoint, validation split
+    dp2 = evaluate_cli(
+        step6, tmp_path / "dp2.json", "--data", str(prepared_dir), "--split", "validation", nprocs=2
+    )
+    assert dp2["evaluated_layout"]["data_parallel"] == 2 and dp2["step"] == 6
+    # the exported older checkpoint, one plain process, gives the same validation numbers
+    assert export_main(["--checkpoint", str(step6), "--out", str(tmp_path / "exp")]) == 0
+    exp = evaluate_cli(
+        tmp_path / "exp", tmp_path / "e.json", "--data", str(prepared_dir), "--split", "validation"
+    )
+    same_numbers(dp2, exp, ("validation/loss", "validation/bpb"))
+    assert exp["kind"] == "export" and exp["step"] == 6
+
+
+@pytest.mark.slow
+def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
+    """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model."""
+    from launcher import CPU_CONFIG, train
+    from test_export import exported_equals_checkpoint
+
+    from app.source import open_source
+
+    cfg = json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())
+    cfg["zero_optimization"] = {"stage": 3, "overlap_comm": False, "contiguous_gradients": False}
+    ds = tmp_path / "zero3.json"
+    ds.write_text(json.dumps(cfg))
+    assert ds != CPU_CONFIG
+    out = tmp_path / "z3"
+    train(2, prepared_dir, out, "--max-steps", "3", "--wandb-mode", "disabled", stages=1, config=ds)
+    src = open_source(out)
+    assert src.zero_stage == 3 and not any(src.path.glob("layer_*"))
+    one = evaluate_cli(out, tmp_path / "z3.json", "--data", str(prepared_dir))
+    same_numbers(one, json.loads((out / "final_metrics.json").read_text()), TEST_KEYS)
+    exported_equals_checkpoint(out, tmp_path / "exp")
+
+
+@pytest.mark.slow
+def test_generate_from_pipeline_checkpoints_is_deterministic(reference_run, pp2_dp2_run, capsys):
+    from app.generate import main as generate_main
+
+    outs = []
+    for run_dir in (reference_run[0], pp2_dp2_run, reference_run[0]):
+        assert generate_main(["--checkpoint", str(run_dir), "--prompt", "def ", "--seed", "5",
+                              "--max-new-tokens", "20"]) == 0  # fmt: skip
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[2] and all(o.startswith("def ") for o in outs)

@@ -1,0 +1,71 @@
+"""app/export.py: one safetensors file + config + tokenizer; loads with torch alone, outputs unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+from test_weights import fake_checkpoint, tiny
+
+from app.export import load_exported
+from app.export import main as export_main
+from app.inference import InferenceModel
+from app.source import open_source
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def exported_equals_checkpoint(ckpt_path, out_dir) -> None:
+    """The exported model's logits equal those of the checkpoint's own converted weights."""
+    assert export_main(["--checkpoint", str(ckpt_path), "--out", str(out_dir)]) == 0
+    assert sorted(p.name for p in out_dir.iterdir()) in (
+        ["config.json", "model.safetensors"],
+        ["config.json", "model.safetensors", "tokenizer.model"],
+    )
+    src = open_source(ckpt_path)
+    ref = InferenceModel(src.model_cfg)
+    ref.load_state_dict(src.state_dict())
+    model, tok, cfg = load_exported(out_dir)
+    assert cfg == src.model_cfg and tok.vocab_size == cfg.vocab_size
+    ids = torch.randint(3, cfg.vocab_size, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), ref.eval()(ids), rtol=0, atol=0)
+
+
+def test_export_roundtrip_and_no_pickle(tmp_path):
+    fake_checkpoint(tmp_path / "run", tiny(), "pipeline")
+    exported_equals_checkpoint(tmp_path / "run", tmp_path / "exp")
+    cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
+    assert cfg["format"] == "mlstm-ds-export" and cfg["step"] == 5
+    head = (tmp_path / "exp" / "model.safetensors").read_bytes()[:8]
+    assert int.from_bytes(head, "little") > 0  # safetensors: a JSON header length, not a pickle/zip
+
+
+def test_exported_model_loads_without_deepspeed(tmp_path):
+    fake_checkpoint(tmp_path / "run", tiny(embed_dim=64, tie_embeddings=True), "module")
+    assert export_main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    code = (
+        "import sys, torch\n"
+        "from app.export import load_exported\n"
+        f"m, tok, cfg = load_exported({str(tmp_path / 'exp')!r})\n"
+        "m(torch.tensor([[1, 70, 80]]))\n"
+        "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_corrupt_export_is_one_clear_line(tmp_path, capsys):
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    exp = tmp_path / "exp"
+    assert export_main(["--checkpoint", str(tmp_path / "run"), "--out", str(exp)]) == 0
+    (exp / "model.safetensors").write_bytes(b"\x00" * 64)
+    from app.generate import main as generate_main
+
+    assert generate_main(["--checkpoint", str(exp), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "model.safetensors" in err[0]
+    assert export_main(["--checkpoint", str(tmp_path / "run")]) == 2
+    assert "--out is required" in capsys.readouterr().err
