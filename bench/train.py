@@ -120,9 +120,10 @@ def main() -> None:
         (tmp / "model.json").write_text(json.dumps(MODEL))
         vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
 
-        run = lambda n, p: ds_run(
-            n, p, tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{p}", args.steps, args.threads
-        )  # noqa: E731
+        def run(nprocs: int, stages: int) -> float:
+            files = (tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{stages}")
+            return ds_run(nprocs, stages, *files, args.steps, args.threads)
+
         ds_p1 = run(1, 1)
         plain = plain_run(tmp / "data", ds_cfg, args.steps, args.threads)
         ds_p2 = run(2, 2)
