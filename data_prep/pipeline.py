@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import tempfile
 import time
 from collections import Counter
@@ -32,6 +31,7 @@ from data_prep.writer import check_out_dir, write_output
 
 log = logging.getLogger(__name__)
 MAX_EXAMPLES_SHOWN = 3
+ENCODE_PROCESSES_ABOVE_BYTES = 256 * 10**6
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -134,11 +134,16 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
             tok: Tokenizer = ByteTokenizer()
         else:
             tok = reused or _train_tokenizer(cfg, docs, codes, u, nbytes)
+        # SentencePiece's batch encode runs on its own threads without the GIL. Below a few hundred MB,
+        # starting and feeding worker processes costs more than it saves (bench/data_prep.py, 32 MB,
+        # 2 cores: 2 processes x 1 thread 0.96x a single-thread encode loop, 1 process x 2 threads
+        # 1.35x), so small corpora use one map process with num_proc threads; large ones use processes.
+        encode_procs = cfg.num_proc if int(nbytes.sum()) > ENCODE_PROCESSES_ABOVE_BYTES else 1
         if isinstance(tok, SentencePieceTokenizer):
-            tok.num_threads = max(1, (os.cpu_count() or 1) // cfg.num_proc)
+            tok.num_threads = max(1, cfg.num_proc // encode_procs)
         t_encode = time.perf_counter()
         try:
-            examples = encode_documents(docs, tok, max_seq_len=cfg.max_seq_len, num_proc=cfg.num_proc)
+            examples = encode_documents(docs, tok, max_seq_len=cfg.max_seq_len, num_proc=encode_procs)
         except LossyTokenizerError as exc:
             raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
         log.info("encoded %d documents in %.1f s", len(docs), time.perf_counter() - t_encode)
