@@ -162,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         decay=cfg.lr_decay,
         min_lr_ratio=cfg.min_lr_ratio,
     )
-    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())  # ZeRO-3 partitions
+    # Stages hold disjoint layers and replicas identical ones; ZeRO-3 keeps the true size in ds_numel.
+    local = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    counted = torch.tensor(float(local), device=engine.device)
+    dist.all_reduce(counted)
+    n_params = int(counted.item()) // layout.data_parallel
 
     # ---- resume
     step, skipped_total, wandb_id = 0, 0, None
