@@ -4,4 +4,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup_env.sh"
 cd "$ROOT"
-exec python -m pytest tests "$@"
+exec python -m pytest "$@"  # testpaths in pyproject.toml: tests/
