@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import glob
 import os
 import random
 
@@ -23,8 +26,22 @@ def init_distributed() -> None:
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     backend = get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    atexit.register(
+        unlink_shm_segments, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], os.environ["RANK"]
+    )
     if get_accelerator().device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def unlink_shm_segments(addr: str, port: str, rank: str = "*") -> None:
+    """Remove DeepSpeed's CPU all-reduce buffers (/dev/shm, ~69 MB per rank) that it never unlinks.
+
+    Measured: without this, every launch on a new port left one segment per rank behind until /dev/shm
+    filled the machine's memory. Unlinking at exit is safe: peers mapped theirs long before.
+    """
+    for path in glob.glob(f"/dev/shm/deepspeed_*_{addr}_{port}_{rank}"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def set_threads() -> int:

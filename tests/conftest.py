@@ -27,6 +27,14 @@ def prepared_byte_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _release_deepspeed_shm():
+    yield
+    from launcher import release_shm
+
+    release_shm()
+
+
 # ---- short real training runs (real deepspeed launcher, CPU, gloo), shared by trainer and eval tests
 
 FAKE_WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"

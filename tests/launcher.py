@@ -31,13 +31,25 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+_PORTS: list[int] = []
+
+
+def release_shm() -> None:
+    """Killed runs cannot unlink DeepSpeed's shared-memory buffers; remove those of this session's ports."""
+    from app.runtime import unlink_shm_segments
+
+    for port in _PORTS:
+        unlink_shm_segments("127.0.0.1", str(port))
+
+
 def deepspeed_cmd(nprocs: int, script: str, args: list[str]) -> list[str]:
+    _PORTS.append(free_port())
     return [
         str(BIN / "deepspeed"),
         "--num_gpus",
         str(nprocs),
         "--master_port",
-        str(free_port()),
+        str(_PORTS[-1]),
         str(ROOT / script),
         *args,
     ]
