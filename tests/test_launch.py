@@ -36,8 +36,8 @@ def test_multi_node_missing_hostfile_is_one_line(tmp_path):
     assert p.returncode == 2 and p.stderr.strip().startswith("error: HOSTFILE")
 
 
-def test_quickstart_dry_run_lists_every_stage():
-    out = dry("quickstart.sh")
+def test_quickstart_dry_run_lists_every_stage(tmp_path):
+    out = dry("quickstart.sh", DATA=str(tmp_path / "data"))
     for needle in (
         "python -m data_prep",
         "app/train.py",
