@@ -83,3 +83,15 @@ def collect_flags(ns: argparse.Namespace, cls: type) -> dict[str, Any]:
         if raw is not None:
             out[f.name] = parse_value(cls, f.name, raw)
     return out
+
+
+def parse_config(cls: type, argv: list[str] | None, description: str | None):
+    """`cls` built from `--field` flags only (the entry points with no extra arguments); bad values -> UserError."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    add_dataclass_flags(p, cls)
+    try:
+        return cls(**collect_flags(p.parse_args(argv), cls))
+    except ValueError as e:
+        raise UserError(str(e)) from None

@@ -19,7 +19,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.cli_fields import add_dataclass_flags, collect_flags
+from app.cli_fields import parse_config
 from app.errors import UserError, exit_on_user_error
 from app.model.config import ModelConfig
 
@@ -139,14 +138,7 @@ def export(ckpt: str | Path, out: str | Path) -> Path:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
-    add_dataclass_flags(p, ExportConfig)
-    try:
-        cfg = ExportConfig(**collect_flags(p.parse_args(argv), ExportConfig))
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    cfg = parse_config(ExportConfig, argv, __doc__)
     out = export(cfg.checkpoint, cfg.out)
     meta = json.loads((out / CONFIG_FILE).read_text())
     size = (out / WEIGHTS_FILE).stat().st_size

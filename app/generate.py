@@ -16,7 +16,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import TextIO
 
 import torch
 
-from app.cli_fields import add_dataclass_flags, collect_flags
+from app.cli_fields import parse_config
 from app.errors import UserError, exit_on_user_error
 from app.sampling import SamplingConfig, sample_next
 
@@ -211,12 +210,8 @@ def generate(
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
-    add_dataclass_flags(p, GenerateConfig)
+    cfg = parse_config(GenerateConfig, argv, __doc__)
     try:
-        cfg = GenerateConfig(**collect_flags(p.parse_args(argv), GenerateConfig))
         sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     except ValueError as e:
         raise UserError(str(e)) from None
