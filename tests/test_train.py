@@ -73,6 +73,21 @@ def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference_run, pp2_dp2_r
     assert json.loads((pp2_dp2_run / "config.json").read_text())["layout"]["data_parallel"] == 2
 
 
+def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(prepared_dir, tmp_path):
+    """The tied embedding lives on both stages at P = 2; the clipping norm must count it once, as at P = 1."""
+    common = ("--max-steps", "3", "--eval-every", "0", "--wandb-mode", "disabled", "--test-eval", "false",
+              "model.tie_embeddings=true", "model.embed_dim=64")  # fmt: skip
+    runs = {}
+    for stages in (1, 2):
+        out = tmp_path / f"tied_p{stages}"
+        train(stages, prepared_dir, out, *common, stages=stages)
+        runs[stages] = {m["step"]: m for m in metrics(out) if "train/loss" in m}
+    assert sorted(runs[2]) == [1, 2, 3]
+    for s, m in runs[1].items():
+        for key in ("train/loss", "train/grad_norm"):
+            assert runs[2][s][key] == pytest.approx(m[key], rel=1e-5), (s, key)
+
+
 def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run, prepared_dir, tmp_path):
     out = tmp_path / "resume"
     common = ("--max-steps", STEPS, "--save-every", "2", "--eval-every", "4", "--wandb-mode", "disabled")
