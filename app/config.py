@@ -17,8 +17,10 @@ class TrainConfig:
     """JSON file with a ModelConfig; default: the `small` preset sized for the data's vocabulary."""
     pipeline_stages: int = 1
     """Pipeline stages P. P > 1 splits the layers across P ranks (ZeRO 0/1); P = 1 allows ZeRO 0-3."""
-    partition_method: str = "cost"
-    """How layers are split into stages: cost (balance estimated compute), parameters, uniform, type:REGEX."""
+    partition_method: str = "time"
+    """How layers are split into stages: time (balance each layer's measured forward + backward time,
+    timed once on rank 0; a resumed run keeps its split), cost (balance estimated FLOPs), parameters,
+    uniform, type:REGEX."""
     out: str = "runs/default"
     """Run directory: resolved config, metrics.jsonl, checkpoints/, wandb/. Rerunning resumes from it."""
     max_steps: int | None = None
@@ -74,10 +76,10 @@ class TrainConfig:
         need(bool(self.data), "data", "is required (a directory written by `python -m data_prep`)")
         need(self.pipeline_stages >= 1, "pipeline_stages", f"must be >= 1, got {self.pipeline_stages}")
         need(
-            self.partition_method in ("cost", "parameters", "uniform")
+            self.partition_method in ("time", "cost", "parameters", "uniform")
             or self.partition_method.startswith("type:"),
             "partition_method",
-            f"must be cost, parameters, uniform or type:REGEX, got {self.partition_method!r}",
+            f"must be time, cost, parameters, uniform or type:REGEX, got {self.partition_method!r}",
         )
         need(
             self.max_steps is None or self.max_steps >= 1, "max_steps", f"must be >= 1, got {self.max_steps}"

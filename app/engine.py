@@ -13,12 +13,14 @@ import functools
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
 from app.ds_config import Layout
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
 from app.model.pipeline import build_pipeline, build_sequential
+from app.partition import pipeline_layer_costs
 from app.schedule import lr_multiplier
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), both (B, T) int64
@@ -38,20 +40,36 @@ class Engine:
         decay: str = "constant",
         min_lr_ratio: float = 1.0,
         inference: bool = False,
+        layer_costs: list[float] | None = None,
+        timing_shape: tuple[int, int] | None = None,
     ) -> None:
-        """`inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable)."""
+        """`inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable).
+
+        P > 1: `layer_costs` (recorded by an earlier run) fix the split; else `partition_method` decides,
+        "time" timing each layer on a (batch, seq_len) `timing_shape` (default (micro_batch, 64)).
+        `self.layer_costs` and `self.partition` (stage boundaries) record what was used.
+        """
         self.layout = layout
         self.is_pipe = layout.stages > 1
+        self.layer_costs = None
         if self.is_pipe:
+            if layer_costs is None:
+                device = torch.device(get_accelerator().current_device_name())
+                batch, seq_len = timing_shape or (layout.micro_batch, 64)
+                layer_costs = pipeline_layer_costs(partition_method, model_cfg, batch, seq_len, device)
             module = build_pipeline(
                 model_cfg,
                 num_stages=layout.stages,
                 loss_fn=token_loss,
-                partition_method=partition_method,
+                partition_method=partition_method if layer_costs is None else "cost",
                 base_seed=seed,
+                costs=layer_costs,
             )
+            self.layer_costs = layer_costs
+            self.partition = [int(p) for p in module.parts]
         else:
             module = build_sequential(model_cfg, base_seed=seed)
+            self.partition = [0, model_cfg.num_layers + 2]
         if inference:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:

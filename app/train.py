@@ -15,11 +15,13 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: impo
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
+import itertools
 import json
 import math
 import os
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -151,6 +153,19 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(resolved, indent=1, default=str))
         return 0
 
+    # ---- resume: what the checkpoint fixes (data order, stage split) is read before building the engine
+    tag = ckpt.find_resume_tag(root, cfg.resume)
+    state = ckpt.read_app_state(root / tag) if tag is not None else None
+    if state is not None and state["sampler"] != train_sched.fingerprint():
+        raise UserError(
+            f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
+            f"{train_sched.fingerprint()}; resuming would change the data order: use a new --out"
+        )
+    recorded_costs = None
+    if state is not None and state["layout"]["stages"] == layout.stages:
+        recorded_costs = state["config"].get("layer_costs")  # the same split, so the stage files fit
+    timing_len = max(8, int(np.median(train_store.lengths)))
+    timing_batch = cfg.tokens_per_micro_batch // timing_len or layout.micro_batch
     engine = Engine(
         model_cfg,
         layout,
@@ -161,28 +176,29 @@ def main(argv: list[str] | None = None) -> int:
         warmup=cfg.warmup_steps,
         decay=cfg.lr_decay,
         min_lr_ratio=cfg.min_lr_ratio,
+        layer_costs=recorded_costs,
+        timing_shape=(max(1, timing_batch), timing_len),
     )
+    resolved["layer_costs"] = engine.layer_costs
+    resolved["partition"] = engine.partition
+    if rank == 0 and layout.stages > 1:
+        log.info(
+            f"stages hold layers {[list(range(a, b)) for a, b in itertools.pairwise(engine.partition)]} "
+            f"(--partition-method {cfg.partition_method}{', as recorded in ' + tag if recorded_costs else ''})"
+        )
     # Stages hold disjoint layers and replicas identical ones; ZeRO-3 keeps the true size in ds_numel.
     local = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     counted = torch.tensor(float(local), device=engine.device)
     dist.all_reduce(counted)
     n_params = int(counted.item()) // layout.data_parallel
 
-    # ---- resume
     step, skipped_total, wandb_id = 0, 0, None
-    tag = ckpt.find_resume_tag(root, cfg.resume)
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         root.mkdir(exist_ok=True)
         ckpt.prune(root, keep_last=10**9)  # drop saves a crash interrupted; complete ones stay
     dist.barrier()
-    if tag is not None:
-        state = ckpt.read_app_state(root / tag)
-        if state["sampler"] != train_sched.fingerprint():
-            raise UserError(
-                f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
-                f"{train_sched.fingerprint()}; resuming would change the data order: use a new --out"
-            )
+    if state is not None:
         engine.ds.load_checkpoint(str(root), tag=tag)
         ckpt.set_rng_state(ckpt.read_rank_state(root / tag, rank))
         step, skipped_total, wandb_id = state["step"], state["skipped_total"], state.get("wandb_id")

@@ -31,6 +31,9 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     assert all(m["train/skipped_steps"] == 0 for m in recs if "train/loss" in m)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["layout"]["stages"] == 2 and cfg["layout"]["grad_accum"] == 4
+    # --partition-method time (default): measured costs, one per layer, and the split they gave
+    assert len(cfg["layer_costs"]) == 4 and all(c > 0 for c in cfg["layer_costs"])
+    assert cfg["partition"][0] == 0 and cfg["partition"][-1] == 4 and len(cfg["partition"]) == 3
     # keep-last 2 of saves at 3, 6 and the final 8
     tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
     assert tags == ["step_00000006", "step_00000008"]
@@ -103,6 +106,7 @@ def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run,
     # 3. rerun again: resumes from 6 and finishes
     p = train(2, prepared_dir, out, *common)
     assert "resumed from" in p.stderr and "step_00000006" in p.stderr
+    assert "as recorded in step_00000006" in p.stderr, "a resumed run must keep its stage split"
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got == ref, "resumed run diverged from the uninterrupted one"
 

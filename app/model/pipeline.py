@@ -144,15 +144,17 @@ def build_pipeline(
     topology=None,
     base_seed: int = DEFAULT_SEED,
     activation_checkpoint_interval: int = 0,
+    costs: list[float] | None = None,
 ) -> PipelineModule:
     """`layer_specs(cfg)` as a PipelineModule; needs torch.distributed initialised (deepspeed launcher).
 
-    Give num_stages (data parallel = world / num_stages) or a DeepSpeed `topology`.
+    Give num_stages (data parallel = world / num_stages) or a DeepSpeed `topology`. `costs` (one per
+    spec) replace the FLOP estimate that partition_method="cost" balances (see app.partition).
     """
     check_partition_method(partition_method)
     return CostPipelineModule(
         layer_specs(cfg),
-        layer_costs=layer_costs(cfg),
+        layer_costs=layer_costs(cfg) if costs is None else costs,
         num_stages=num_stages,
         topology=topology,
         loss_fn=loss_fn,
