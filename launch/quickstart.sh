@@ -2,7 +2,7 @@
 # The main job, end to end on the embedded default corpus (CPython's docs + stdlib sources; no download):
 #   1. set up .venv   2. prepare data   3. train on 2 processes (2 pipeline stages, ZeRO-1)
 #   4. evaluate on the test split (+ gzip/bzip2/xz reference)   5. export   6. print a sample
-# Environment: STEPS (default 40), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart), DATA (data/default),
+# Environment: STEPS (default 150), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart), DATA (data/default),
 # DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DRY_RUN=1 prints the commands only.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,7 +11,7 @@ cd "$ROOT"
 
 DATA="${DATA:-data/default}"
 OUT="${OUT:-runs/quickstart}"
-STEPS="${STEPS:-40}"
+STEPS="${STEPS:-150}"
 NUM_PROCS="${NUM_PROCS:-2}"
 
 run() {
@@ -27,7 +27,7 @@ fi
 run deepspeed --num_gpus "$NUM_PROCS" app/train.py \
   --deepspeed_config "${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" \
   --data "$DATA" --pipeline-stages 2 --out "$OUT" --model-config "${MODEL:-small}" \
-  --max-steps "$STEPS" --warmup-steps 10 --eval-every 20 --eval-max-batches 20 --save-every 20 \
+  --max-steps "$STEPS" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
   --wandb-mode "${WANDB_MODE:-offline}"
 run python app/evaluate.py --checkpoint "$OUT" --data "$DATA" --split test --text README.md
 run python app/export.py --checkpoint "$OUT" --out "$OUT/export"
