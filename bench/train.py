@@ -1,6 +1,6 @@
 """End-to-end training throughput on CPU, measured side by side in one run. JSON line last.
 
-    python bench/train.py [--steps 6] [--rounds 2] [--threads 1]
+    python bench/train.py [--steps 6] [--rounds 2] [--threads 1] [--model '{"embed_dim": 256, ...}']
 
 1. DeepSpeed, P = 1, one process         (`deepspeed app/train.py ... --pipeline-stages 1`)
 2. a minimal plain-PyTorch loop          (same model, data order, micro-batches, AdamW, clipping; in process)
@@ -64,7 +64,7 @@ def ds_run(
     return tps[1:]
 
 
-def plain_run(data: Path, ds_cfg: dict, steps: int, threads: int) -> list[float]:
+def plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -> list[float]:
     """The same training step written directly in PyTorch, no DeepSpeed."""
     import torch
 
@@ -83,7 +83,7 @@ def plain_run(data: Path, ds_cfg: dict, steps: int, threads: int) -> list[float]
     sched = BucketSchedule(
         store, data_.meta["buckets"], micro_batch=mb, grad_accum=ga, data_parallel=1, seed=1234
     )
-    model = build_sequential(ModelConfig(vocab_size=tok["vocab_size"], **MODEL), base_seed=1234)
+    model = build_sequential(ModelConfig(vocab_size=tok["vocab_size"], **model), base_seed=1234)
     p = ds_cfg["optimizer"]["params"]
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"], weight_decay=0.0)
     lr_fn = lambda s: lr_multiplier(s, warmup=2, total=steps, decay="cosine", min_ratio=0.1)  # noqa: E731
@@ -110,6 +110,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of the three runs")
+    ap.add_argument(
+        "--model", type=json.loads, default=MODEL, help=f"ModelConfig fields as JSON (default {MODEL})"
+    )
     ap.add_argument("--threads", type=int, default=1, help="threads per process (2 processes run for P = 2)")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--grad-accum", type=int, default=8, help="M, the micro-batches per step")
@@ -127,7 +130,7 @@ def main() -> None:
         ds_cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
         ds_cfg["gradient_accumulation_steps"] = args.grad_accum
         (tmp / "ds.json").write_text(json.dumps(ds_cfg))
-        (tmp / "model.json").write_text(json.dumps(MODEL))
+        (tmp / "model.json").write_text(json.dumps(args.model))
         vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
 
         def run(nprocs: int, stages: int, rnd: int) -> list[float]:
@@ -137,7 +140,7 @@ def main() -> None:
         samples: dict[str, list[float]] = {"ds_p1": [], "plain": [], "ds_p2": []}
         for rnd in range(args.rounds):
             samples["ds_p1"] += run(1, 1, rnd)
-            samples["plain"] += plain_run(tmp / "data", ds_cfg, args.steps, args.threads)
+            samples["plain"] += plain_run(tmp / "data", args.model, ds_cfg, args.steps, args.threads)
             samples["ds_p2"] += run(2, 2, rnd)
         ds_p1, plain, ds_p2 = (statistics.median(samples[k]) for k in ("ds_p1", "plain", "ds_p2"))
         # The split the P = 2 run used (--partition-method time: measured layer times) and its balance.
@@ -145,7 +148,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     peak = measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=1.0)
-    model_cfg = ModelConfig(vocab_size=vocab, **MODEL)
+    model_cfg = ModelConfig(vocab_size=vocab, **args.model)
     fpt = flops_per_token(model_cfg)
     parts, costs = resolved["partition"], resolved["layer_costs"]
     stage_costs = [sum(costs[a:b]) for a, b in itertools.pairwise(parts)]
@@ -155,7 +158,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "model": MODEL,
+                "model": args.model,
                 "vocab": vocab,
                 "threads_per_process": args.threads,
                 "micro_batch": args.micro_batch,
