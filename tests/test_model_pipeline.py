@@ -29,7 +29,12 @@ def results(tmp_path_factory) -> list[list[dict]]:
         port = sock.getsockname()[1]
     cmd = [str(launcher), "--num_gpus", str(WORLD), "--master_port", str(port)]
     cmd += [str(ROOT / "tests/dist/model_pipe_parity.py"), "--out_dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    finally:  # ranks that died or timed out cannot unlink their DeepSpeed /dev/shm buffers themselves
+        from app.runtime import unlink_shm_segments
+
+        unlink_shm_segments("127.0.0.1", str(port))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 

@@ -21,6 +21,7 @@ import torch
 from app.model.config import debug_config
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
 from app.model.pipeline import build_pipeline, build_sequential
+from app.runtime import init_distributed
 
 B, GAS, VOCAB = 3, 2, 61
 
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out_dir", required=True)
     ap.add_argument("--local_rank", type=int, default=0)
     args = ap.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()  # gloo on CPU; unlinks DeepSpeed's /dev/shm buffers at exit
     torch.manual_seed(0)
     rank = torch.distributed.get_rank()
     results = []
