@@ -190,3 +190,25 @@ def read_app_state(ckpt_dir: Path) -> dict:
 
 def read_rank_state(ckpt_dir: Path, rank: int) -> dict:
     return json.loads((ckpt_dir / f"rng_rank{rank}.json").read_text())
+
+
+# What a resumed run must share with the checkpoint: DeepSpeed keeps optimizer state per stage and per
+# data-parallel rank (flattened over that stage's layers), in a layout that depends on ZeRO and precision.
+RESUME_LAYOUT_KEYS = ("stages", "data_parallel", "zero_stage", "precision")
+
+
+def check_resumable(state: dict, tag: str, layout: dict, sampler: dict, run_dir: Path) -> None:
+    """Refuse, in one line, a resume that would change the data order or the parallel layout."""
+    if state["sampler"] != sampler:
+        raise UserError(
+            f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
+            f"{sampler}; resuming would change the data order: use a new --out"
+        )
+    was = {k: state["layout"].get(k) for k in RESUME_LAYOUT_KEYS}
+    now = {k: layout[k] for k in RESUME_LAYOUT_KEYS}
+    if was != now:
+        raise UserError(
+            f"--out {run_dir}: checkpoint {tag} was written with {was}, this run has {now}; training resumes "
+            f"only in the layout that wrote it (use the same --pipeline-stages, world size and DeepSpeed "
+            f"config, or a new --out; evaluate.py and export.py read any layout)"
+        )

@@ -156,14 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     # ---- resume: what the checkpoint fixes (data order, stage split) is read before building the engine
     tag = ckpt.find_resume_tag(root, cfg.resume)
     state = ckpt.read_app_state(root / tag) if tag is not None else None
-    if state is not None and state["sampler"] != train_sched.fingerprint():
-        raise UserError(
-            f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
-            f"{train_sched.fingerprint()}; resuming would change the data order: use a new --out"
-        )
-    recorded_costs = None
-    if state is not None and state["layout"]["stages"] == layout.stages:
-        recorded_costs = state["config"].get("layer_costs")  # the same split, so the stage files fit
+    if state is not None:
+        ckpt.check_resumable(state, tag, _layout_dict(layout), train_sched.fingerprint(), run_dir)
+    # the same split as the checkpoint, so each stage's optimizer state fits its layers
+    recorded_costs = state["config"].get("layer_costs") if state is not None else None
     timing_len = max(8, int(np.median(train_store.lengths)))
     timing_batch = cfg.tokens_per_micro_batch // timing_len or layout.micro_batch
     engine = Engine(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -109,6 +110,20 @@ def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run,
     assert "as recorded in step_00000006" in p.stderr, "a resumed run must keep its stage split"
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got == ref, "resumed run diverged from the uninterrupted one"
+
+
+def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir, tmp_path):
+    """The reference run (P = 2) resumed at P = 1: refused before anything is touched, not a traceback."""
+    out = tmp_path / "copy"
+    shutil.copytree(reference_run[0], out)
+    before = {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    p = run_single(["--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data",
+                    str(prepared_dir), "--pipeline-stages", "1", "--out", str(out), "--model-config", "debug"])  # fmt: skip
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(err) == 1, p.stderr[-2000:]
+    assert "'stages': 2" in err[0] and "'stages': 1" in err[0] and "resumes only in the layout" in err[0]
+    assert "Traceback" not in p.stderr
+    assert before == {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}, "the run directory changed"
 
 
 def test_non_finite_steps_are_skipped_on_every_rank_then_stop(prepared_dir, tmp_path):
