@@ -5,7 +5,7 @@ T sequential steps of small (B, H) products at a fraction of the machine's peak,
 large product. Measured on the 2-core dev box (1 thread, B 8, T 100, fwd + bwd, ms): recurrent layer
 in 256 / 512 -> hidden 512: 255 / 292; head 512 -> 2000 (+ loss): 51. FLOPs rate the head at a third of
 a layer, time at a sixth. For the quickstart model ([embedding, 2 layers, head] on 2 stages) FLOPs put
-the head alone on stage 2; the measured split ([embedding, layer] | [layer, head]) trained 1.32x faster.
+the head alone on stage 2; the measured split ([embedding, layer] | [layer, head]) trained 1.3x faster.
 
 So partition_method "time" (the default) times one forward + backward of each distinct layer on global
 rank 0 at the run's micro-batch shape and broadcasts the costs, so every rank splits identically. The
@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from deepspeed.pipe import LayerSpec, TiedLayerSpec
+from deepspeed.pipe import TiedLayerSpec
 
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
@@ -41,7 +41,8 @@ def _timed(fn, sync, repeats: int = TIMED_REPEATS) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _layer_input(spec: LayerSpec, i: int, cfg: ModelConfig, B: int, T: int, device) -> torch.Tensor:
+def _layer_input(i: int, cfg: ModelConfig, B: int, T: int, device: torch.device) -> torch.Tensor:
+    """What spec i receives: ids for the embedding, activations of the right width for the rest."""
     if i == 0:
         return torch.randint(0, cfg.vocab_size, (B, T), device=device)
     width = cfg.embed_dim if i == 1 else cfg.hidden_dim
@@ -74,7 +75,7 @@ def _measure(cfg: ModelConfig, micro_batch: int, seq_len: int, device: torch.dev
         if key not in cache:
             module = spec.build().to(device)
             run = module if not isinstance(spec, TiedLayerSpec) or spec.forward_fn is None else module.logits
-            x = _layer_input(spec, i, cfg, micro_batch, seq_len, device)
+            x = _layer_input(i, cfg, micro_batch, seq_len, device)
 
             def step(run=run, x=x, final=i == last) -> None:
                 y = run(x)
