@@ -41,14 +41,6 @@ def _timed(fn, sync, repeats: int = TIMED_REPEATS) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _layer_input(i: int, cfg: ModelConfig, B: int, T: int, device: torch.device) -> torch.Tensor:
-    """What spec i receives: ids for the embedding, activations of the right width for the rest."""
-    if i == 0:
-        return torch.randint(0, cfg.vocab_size, (B, T), device=device)
-    width = cfg.embed_dim if i == 1 else cfg.hidden_dim
-    return torch.randn(B, T, width, device=device, requires_grad=True)
-
-
 def measure_layer_costs(
     cfg: ModelConfig, micro_batch: int, seq_len: int, device: torch.device
 ) -> list[float]:
@@ -70,12 +62,18 @@ def _measure(cfg: ModelConfig, micro_batch: int, seq_len: int, device: torch.dev
     cache: dict[tuple, float] = {}
     costs = []
     for i, spec in enumerate(specs):
-        in_width = cfg.embed_dim if i == 1 else cfg.hidden_dim
-        key = ("first" if i == 0 else "last" if i == last else "layer", in_width)
+        # what spec i receives: ids for the embedding, activations (embed width into the first layer)
+        width = 0 if i == 0 else cfg.embed_dim if i == 1 else cfg.hidden_dim
+        key = ("last" if i == last else "layer", width)
         if key not in cache:
             module = spec.build().to(device)
             run = module if not isinstance(spec, TiedLayerSpec) or spec.forward_fn is None else module.logits
-            x = _layer_input(i, cfg, micro_batch, seq_len, device)
+            shape = (micro_batch, seq_len)
+            x = (
+                torch.randint(0, cfg.vocab_size, shape, device=device)
+                if i == 0
+                else torch.randn(*shape, width, device=device, requires_grad=True)
+            )
 
             def step(run=run, x=x, final=i == last) -> None:
                 y = run(x)

@@ -8,33 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from launcher import ROOT, deepspeed_cmd
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[list[dict]]:
     out = tmp_path_factory.mktemp("pipe")
-    launcher = Path(sys.executable).with_name("deepspeed")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    with socket.socket() as sock:  # a free port, so parallel test runs on the box do not collide
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [str(launcher), "--num_gpus", str(WORLD), "--master_port", str(port)]
-    cmd += [str(ROOT / "tests/dist/model_pipe_parity.py"), "--out_dir", str(out)]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    finally:  # ranks that died or timed out cannot unlink their DeepSpeed /dev/shm buffers themselves
-        from app.runtime import unlink_shm_segments
-
-        unlink_shm_segments("127.0.0.1", str(port))
+    # a free port, registered so the session's end unlinks DeepSpeed's /dev/shm buffers of killed ranks
+    cmd = deepspeed_cmd(WORLD, "tests/dist/model_pipe_parity.py", ["--out_dir", str(out)])
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
