@@ -3,11 +3,14 @@
 MLSTM_DS_FAULTS is a comma-separated list of:
     nan_step=N         the loss of optimizer step N (1-based) is made non-finite on every rank
     crash_in_save=N    the process dies (exit 17) after writing checkpoint N's files but before committing it
+    hang_after=N       every rank stops after finishing step N (logged, saved if due) and waits to be killed,
+                       so a test's SIGKILL lands mid-training however fast the steps are
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 
 def _parse() -> dict[str, set[int]]:
@@ -28,3 +31,9 @@ def nan_at(step: int) -> bool:
 def crash_in_save(step: int) -> None:
     if step in _FAULTS.get("crash_in_save", set()):
         os._exit(17)
+
+
+def hang_after(step: int) -> None:
+    if step in _FAULTS.get("hang_after", set()):
+        while True:
+            time.sleep(60)

@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.save_every and step % cfg.save_every == 0:
             save()
             last_saved = step
+        faults.hang_after(step)
 
     if bar is not None:
         bar.close()

@@ -117,12 +117,15 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def train_until_step_then_kill(nprocs: int, data: Path, out: Path, kill_after: int, *extra: str) -> int:
-    """Start training, SIGKILL the whole launcher process group once step `kill_after` is logged."""
+    """Start training, SIGKILL the whole launcher process group once step `kill_after` is logged.
+
+    The run is told to stop after that step (fault hang_after), so the kill never races the end of training.
+    """
     cmd = deepspeed_cmd(nprocs, "app/train.py", train_args(data, out, *extra))
     p = subprocess.Popen(
         cmd,
         cwd=ROOT,
-        env=env(),
+        env=env(MLSTM_DS_FAULTS=f"hang_after={kill_after}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -102,7 +102,8 @@ def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run,
     assert (ck / "latest").read_text() == "step_00000004"
     assert (ck / "step_00000006").is_dir() and not (ck / "step_00000006" / "COMPLETE").exists()
     # 2. rerun: resumes from 4; SIGKILL once step 7 is logged (checkpoint 6 is committed by then)
-    train_until_step_then_kill(2, prepared_dir, out, 7, *common)
+    rc = train_until_step_then_kill(2, prepared_dir, out, 7, *common)
+    assert rc != 0 and max(train_losses(out)) == 7, "the kill must land mid-training, after step 7"
     assert (ck / "latest").read_text() == "step_00000006"
     # 3. rerun again: resumes from 6 and finishes
     p = train(2, prepared_dir, out, *common)
