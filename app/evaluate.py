@@ -28,8 +28,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from app.cli_fields import add_dataclass_flags, collect_flags
-from app.errors import UserError, exit_on_user_error
+from app.common.cli import add_dataclass_flags, collect_flags
+from app.common.errors import UserError, exit_on_user_error
 from data_prep.format import SPLITS
 
 
@@ -128,7 +128,7 @@ def text_store(tokenizer, text: str, chunk: int):
     import datasets
     import numpy as np
 
-    from app.data import TokenStore
+    from app.training.batching import TokenStore
 
     ids = np.asarray([*tokenizer.encode(text), tokenizer.eos_id], dtype=np.int32)
     pieces = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
@@ -172,10 +172,10 @@ def fmt_table(rows: list[dict]) -> str:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    from app.logs import setup_logging
+    from app.common.logs import setup_logging
 
     log = setup_logging(cfg.verbose)
-    from app.source import open_source
+    from app.checkpoints.loader import open_source
 
     # Everything that can be wrong with the request fails here, before any process group exists.
     src = open_source(cfg.checkpoint)
@@ -200,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from app.compressors import compressed_bits_per_byte
-    from app.data import BucketSchedule, TokenStore
-    from app.ds_config import Layout
-    from app.engine import Engine
-    from app.evaluation import EvalResult, evaluate
-    from app.runtime import init_distributed, set_threads
-    from app.weights import to_module_state
+    from app.checkpoints.consolidate import to_module_state
+    from app.parallel.engine import Engine
+    from app.parallel.layout import Layout
+    from app.parallel.runtime import init_distributed, set_threads
+    from app.training.batching import BucketSchedule, TokenStore
+    from app.training.compressors import compressed_bits_per_byte
+    from app.training.evaluation import EvalResult, evaluate
 
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()

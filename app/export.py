@@ -3,12 +3,12 @@
     python app/export.py --checkpoint runs/quickstart --out exported/
 
 The folder holds
-    model.safetensors   the full float32 weights, keys "{i}.{name}" (see app.model.pipeline)
+    model.safetensors   the full float32 weights, keys "{i}.{name}" (see app.parallel.pipeline)
     config.json         {"format": "mlstm-ds-export", "version": 1, model_config, tokenizer, step, ...}
     tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
 
     from app.export import load_exported
-    model, tokenizer, cfg = load_exported("exported/")   # model: app.inference.InferenceModel, eval mode
+    model, tokenizer, cfg = load_exported("exported/")   # model: app.model.lm.InferenceModel, eval mode
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from app.cli_fields import parse_config
-from app.errors import UserError, exit_on_user_error
+from app.common.cli import parse_config
+from app.common.errors import UserError, exit_on_user_error
 from app.model.config import ModelConfig
 
 EXPORT_FORMAT = "mlstm-ds-export"
@@ -77,7 +77,7 @@ def read_weights(d: Path, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from app.weights import check_state_dict
+    from app.checkpoints.consolidate import check_state_dict
 
     p = Path(d) / WEIGHTS_FILE
     try:
@@ -90,8 +90,8 @@ def read_weights(d: Path, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 def load_exported(d: str | Path, device: str | torch.device = "cpu"):
     """(model, tokenizer, model_cfg) from an export folder, with torch, safetensors and sentencepiece only."""
-    from app.inference import InferenceModel
-    from app.source import open_source
+    from app.checkpoints.loader import open_source
+    from app.model.lm import InferenceModel
 
     src = open_source(d)
     if src.kind != "export":
@@ -106,7 +106,7 @@ def load_exported(d: str | Path, device: str | torch.device = "cpu"):
 def export(ckpt: str | Path, out: str | Path) -> Path:
     from safetensors.torch import save_file
 
-    from app.source import open_source
+    from app.checkpoints.loader import open_source
 
     src = open_source(ckpt)
     sd = {k: v.contiguous() for k, v in src.state_dict().items()}

@@ -23,9 +23,9 @@ from typing import TextIO
 
 import torch
 
-from app.cli_fields import parse_config
-from app.errors import UserError, exit_on_user_error
-from app.sampling import SamplingConfig, sample_next
+from app.common.cli import parse_config
+from app.common.errors import UserError, exit_on_user_error
+from app.generation.sampling import SamplingConfig, sample_next
 
 
 @dataclass(kw_only=True, slots=True)
@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     except ValueError as e:
         raise UserError(str(e)) from None
-    from app.inference import Decoder, InferenceModel
-    from app.source import open_source
+    from app.checkpoints.loader import open_source
+    from app.model.lm import Decoder, InferenceModel
 
     prompts = read_prompts(cfg)
     device = pick_device(cfg.device)

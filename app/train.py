@@ -25,21 +25,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from app import checkpoint as ckpt
-from app import faults
-from app.cli_fields import add_dataclass_flags, collect_flags, parse_value
-from app.config import TrainConfig
-from app.data import BucketSchedule, TokenStore, collate
-from app.ds_config import engine_config, load_ds_json, resolve_layout
-from app.engine import Engine
-from app.errors import UserError, exit_on_user_error
-from app.evaluation import evaluate
-from app.flops import measure_matmul_peak
-from app.logs import setup_logging
+from app.checkpoints import training as ckpt
+from app.common import faults
+from app.common.cli import add_dataclass_flags, collect_flags, parse_value
+from app.common.errors import UserError, exit_on_user_error
+from app.common.logs import setup_logging
 from app.model.config import ModelConfig, flops_per_token
-from app.presets import load_model_config
-from app.runtime import init_distributed, seed_everything, set_threads
-from app.tracking import Tracker, resolve_wandb_mode
+from app.model.presets import load_model_config
+from app.parallel.engine import Engine
+from app.parallel.layout import engine_config, load_ds_json, resolve_layout
+from app.parallel.runtime import init_distributed, seed_everything, set_threads
+from app.training.batching import BucketSchedule, TokenStore, collate
+from app.training.config import TrainConfig
+from app.training.evaluation import evaluate
+from app.training.peak_flops import measure_matmul_peak
+from app.training.tracking import Tracker, resolve_wandb_mode
 
 
 def parse_args(argv: list[str] | None) -> tuple[TrainConfig, str, dict, bool]:

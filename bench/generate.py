@@ -1,4 +1,4 @@
-"""Generation speed of the recurrent decoder (app.inference.Decoder), mid-size mLSTM, random weights.
+"""Generation speed of the recurrent decoder (app.model.lm.Decoder), mid-size mLSTM, random weights.
 
     .venv/bin/python bench/generate.py [--hidden 1024] [--repeats 5]
 
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from app.inference import Decoder, InferenceModel
+from app.generation.sampling import SamplingConfig, sample_next
 from app.model.config import ModelConfig
-from app.sampling import SamplingConfig, sample_next
+from app.model.lm import Decoder, InferenceModel
 
 
 def timed(fn) -> float:

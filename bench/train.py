@@ -68,11 +68,11 @@ def plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -
     """The same training step written directly in PyTorch, no DeepSpeed."""
     import torch
 
-    from app.data import BucketSchedule, TokenStore, collate
     from app.model.config import ModelConfig
     from app.model.loss import token_loss
-    from app.model.pipeline import build_sequential
-    from app.schedule import lr_multiplier
+    from app.parallel.pipeline import build_sequential
+    from app.training.batching import BucketSchedule, TokenStore, collate
+    from app.training.schedule import lr_multiplier
     from data_prep.format import load_prepared
 
     torch.set_num_threads(threads)
@@ -120,8 +120,8 @@ def main() -> None:
 
     import torch
 
-    from app.flops import measure_matmul_peak
     from app.model.config import ModelConfig, flops_per_token
+    from app.training.peak_flops import measure_matmul_peak
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -36,7 +36,7 @@ _PORTS: list[int] = []
 
 def release_shm() -> None:
     """Killed runs cannot unlink DeepSpeed's shared-memory buffers; remove those of this session's ports."""
-    from app.runtime import unlink_shm_segments
+    from app.parallel.runtime import unlink_shm_segments
 
     for port in _PORTS:
         unlink_shm_segments("127.0.0.1", str(port))

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from app import checkpoint as ckpt
-from app.errors import UserError
+from app.checkpoints import training as ckpt
+from app.common.errors import UserError
 
 
 def fake_save(root, step, world=2, complete=True):

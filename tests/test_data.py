@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from datasets import Dataset, concatenate_datasets
 
-from app.data import IGNORE_INDEX, BucketSchedule, TokenStore, collate
+from app.training.batching import IGNORE_INDEX, BucketSchedule, TokenStore, collate
 
 BOUNDS = [4, 8, 16]
 

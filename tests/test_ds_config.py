@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from app.ds_config import engine_config, load_ds_json, resolve_layout
-from app.errors import UserError
+from app.common.errors import UserError
+from app.parallel.layout import engine_config, load_ds_json, resolve_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 OPT = {"type": "AdamW", "params": {"lr": 1e-3}}

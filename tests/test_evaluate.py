@@ -16,9 +16,9 @@ import pytest
 from launcher import ROOT, deepspeed_cmd, run
 from test_weights import fake_checkpoint, tiny
 
-from app.compressors import compressed_bits_per_byte
 from app.evaluate import fmt_table, text_store
 from app.evaluate import main as evaluate_main
+from app.training.compressors import compressed_bits_per_byte
 from data_prep.tokenizer import ByteTokenizer
 
 REL = 1e-5
@@ -144,7 +144,7 @@ def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     from launcher import CPU_CONFIG, train
     from test_export import exported_equals_checkpoint
 
-    from app.source import open_source
+    from app.checkpoints.loader import open_source
 
     cfg = json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())
     cfg["zero_optimization"] = {"stage": 3, "overlap_comm": False, "contiguous_gradients": False}

@@ -9,10 +9,10 @@ import sys
 import torch
 from test_weights import fake_checkpoint, tiny
 
+from app.checkpoints.loader import open_source
 from app.export import load_exported
 from app.export import main as export_main
-from app.inference import InferenceModel
-from app.source import open_source
+from app.model.lm import InferenceModel
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 

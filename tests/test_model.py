@@ -9,8 +9,8 @@ from app.model.config import ModelConfig, debug_config, flops_per_token
 from app.model.layers import RecurrentLayer
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
 from app.model.mlstm_core import mlstm_sequence
-from app.model.pipeline import build_sequential, layer_costs, layer_specs
 from app.model.reference import naive_mlstm
+from app.parallel.pipeline import build_sequential, layer_costs, layer_specs
 
 
 def rand_weights(in_dim: int, H: int, dtype=torch.float64, scale: float = 0.5) -> list[torch.Tensor]:

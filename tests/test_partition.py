@@ -1,10 +1,10 @@
-"""app.partition: per-layer costs that decide the pipeline split."""
+"""app.parallel.partition: per-layer costs that decide the pipeline split."""
 
 import torch
 
 from app.model.config import ModelConfig
-from app.model.pipeline import layer_costs
-from app.partition import measure_layer_costs
+from app.parallel.partition import measure_layer_costs
+from app.parallel.pipeline import layer_costs
 
 CPU = torch.device("cpu")
 

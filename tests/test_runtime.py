@@ -1,8 +1,8 @@
-"""app.runtime: process set-up."""
+"""app.parallel.runtime: process set-up."""
 
 import torch
 
-from app.runtime import seed_everything
+from app.parallel.runtime import seed_everything
 
 
 def test_deterministic_mode_does_not_fill_uninitialized_memory():

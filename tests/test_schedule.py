@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from app.schedule import lr_multiplier
+from app.training.schedule import lr_multiplier
 
 
 @pytest.mark.parametrize("decay", ["cosine", "linear"])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.tracking import Tracker, resolve_wandb_mode
+from app.training.tracking import Tracker, resolve_wandb_mode
 
 
 @pytest.mark.parametrize(

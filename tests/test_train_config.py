@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.config import TrainConfig
-from app.errors import UserError
+from app.common.errors import UserError
 from app.train import parse_args
+from app.training.config import TrainConfig
 
 
 def test_help_comes_from_field_docstrings(capsys):

@@ -1,4 +1,4 @@
-"""app/weights.py: every DeepSpeed weight layout -> one state dict; safe loading refuses code."""
+"""app/checkpoints/consolidate.py: every DeepSpeed weight layout -> one state dict; safe loading refuses code."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import checkpoint as ckpt
-from app.errors import UserError
+from app.checkpoints import training as ckpt
+from app.checkpoints.consolidate import checkpoint_state_dict, safe_load
+from app.checkpoints.loader import open_source
+from app.common.errors import UserError
 from app.export import main as export_main
-from app.inference import InferenceModel
 from app.model.config import debug_config
-from app.source import open_source
-from app.weights import checkpoint_state_dict, safe_load
+from app.model.lm import InferenceModel
 
 BYTE_TOK = {"type": "byte", "vocab_size": 259, "pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": None}
 
@@ -83,7 +83,7 @@ def test_bf16_weights_are_cast_to_fp32(tmp_path):
 
 
 def test_sequential_model_has_the_same_keys():
-    from app.model.pipeline import build_sequential
+    from app.parallel.pipeline import build_sequential
 
     for kw in ({}, {"embed_dim": 64, "tie_embeddings": True}, {"cell": "lstm", "weight_norm": False}):
         cfg = debug_config(vocab_size=259, **kw)

@@ -20,8 +20,8 @@ import torch
 
 from app.model.config import debug_config
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
-from app.model.pipeline import build_pipeline, build_sequential
-from app.runtime import init_distributed
+from app.parallel.pipeline import build_pipeline, build_sequential
+from app.parallel.runtime import init_distributed
 
 B, GAS, VOCAB = 3, 2, 61
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.errors import UserError
+from app.common.errors import UserError
 from app.model.config import ModelConfig
 
 PRESETS: dict[str, dict] = {

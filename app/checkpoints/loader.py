@@ -1,7 +1,7 @@
 """`--checkpoint PATH`: a training checkpoint (run dir, checkpoints/ dir or tag dir) or an export dir.
 
 `open_source` reads only JSON here; the weights are converted on demand (`Source.state_dict`), always
-through safe loaders (`app.weights.safe_load`, safetensors).
+through safe loaders (`app.checkpoints.consolidate.safe_load`, safetensors).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import UserError
+from app.checkpoints.consolidate import StateDict
+from app.common.errors import UserError
 from app.model.config import ModelConfig
-from app.weights import StateDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +38,12 @@ class Source:
             raise UserError(f"--checkpoint {self.path}: cannot load its tokenizer ({e})") from None
 
     def state_dict(self) -> StateDict:
-        """Full float32 weights with SequentialModel keys (see app.weights)."""
+        """Full float32 weights with SequentialModel keys (see app.checkpoints.consolidate)."""
         if self.kind == "export":
             from app.export import read_weights
 
             return read_weights(self.path, self.model_cfg)
-        from app.weights import checkpoint_state_dict
+        from app.checkpoints.consolidate import checkpoint_state_dict
 
         return checkpoint_state_dict(self.path, self.model_cfg, self.zero_stage)
 
@@ -81,7 +81,7 @@ def open_source(path: str | Path) -> Source:
             step=cfg.get("step"),
             trained_layout=cfg.get("trained_layout"),
         )
-    from app.checkpoint import read_app_state, resolve_checkpoint_dir
+    from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
 
     d = resolve_checkpoint_dir(p)
     state = read_app_state(d)

@@ -9,7 +9,7 @@ import netrc
 import os
 from pathlib import Path
 
-from app.logs import get_logger
+from app.common.logs import get_logger
 
 
 def resolve_wandb_mode(flag: str | None) -> str:

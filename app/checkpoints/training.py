@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.errors import UserError
+from app.common.errors import UserError
 
 CHECKPOINT_FORMAT = 1
 COMPLETE = "COMPLETE"

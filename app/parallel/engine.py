@@ -1,6 +1,6 @@
 """One interface over DeepSpeed's two engines: PipelineEngine for P > 1, the plain engine for P = 1.
 
-Both build from the same layer list (app.model.pipeline), so a checkpoint's layers and a run's loss
+Both build from the same layer list (app.parallel.pipeline), so a checkpoint's layers and a run's loss
 curve do not depend on the layout. The loss of a step is the mean cross-entropy over every real token of
 the global batch: each micro-batch's summed loss is scaled by `grad_accum * dp / global_tokens`, and
 DeepSpeed's division by grad_accum and averaging over data-parallel ranks undo the factor exactly.
@@ -16,12 +16,12 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
-from app.ds_config import Layout
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
-from app.model.pipeline import build_pipeline, build_sequential
-from app.partition import pipeline_layer_costs
-from app.schedule import lr_multiplier
+from app.parallel.layout import Layout
+from app.parallel.partition import pipeline_layer_costs
+from app.parallel.pipeline import build_pipeline, build_sequential
+from app.training.schedule import lr_multiplier
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), both (B, T) int64
 

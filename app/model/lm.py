@@ -1,8 +1,8 @@
 """The model for inference with torch alone (no DeepSpeed), and recurrent decoding that carries the state.
 
-`InferenceModel(cfg)` has exactly the state-dict keys of `app.model.pipeline.SequentialModel` ("{i}.{name}",
+`InferenceModel(cfg)` has exactly the state-dict keys of `app.parallel.pipeline.SequentialModel` ("{i}.{name}",
 tied head without keys of its own), built from the same layer classes, so it loads any converted checkpoint
-(`app.weights`) or export (`app.export`) with `load_state_dict(strict=True)`.
+(`app.checkpoints.consolidate`) or export (`app.export`) with `load_state_dict(strict=True)`.
 
 `Decoder(model)` is the generation path:
 - `prefill(ids, lengths)`: the whole (right-padded) prompt in one sequence pass per layer, returning the

@@ -1,6 +1,6 @@
 """Per-layer costs that decide the pipeline split: measured on this device, or estimated from FLOPs.
 
-The FLOP estimate (`app.model.pipeline.layer_costs`) misjudges the mLSTM badly: a recurrent layer runs
+The FLOP estimate (`app.parallel.pipeline.layer_costs`) misjudges the mLSTM badly: a recurrent layer runs
 T sequential steps of small (B, H) products at a fraction of the machine's peak, while the head is one
 large product. Measured on the 2-core dev box (1 thread, B 8, T 100, fwd + bwd, ms): recurrent layer
 in 256 / 512 -> hidden 512: 255 / 292; head 512 -> 2000 (+ loss): 51. FLOPs rate the head at a third of
@@ -23,7 +23,7 @@ from deepspeed.pipe import TiedLayerSpec
 
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
-from app.model.pipeline import layer_costs, layer_specs
+from app.parallel.pipeline import layer_costs, layer_specs
 
 TIMED_REPEATS = 3
 

@@ -149,7 +149,7 @@ def build_pipeline(
     """`layer_specs(cfg)` as a PipelineModule; needs torch.distributed initialised (deepspeed launcher).
 
     Give num_stages (data parallel = world / num_stages) or a DeepSpeed `topology`. `costs` (one per
-    spec) replace the FLOP estimate that partition_method="cost" balances (see app.partition).
+    spec) replace the FLOP estimate that partition_method="cost" balances (see app.parallel.partition).
     """
     check_partition_method(partition_method)
     return CostPipelineModule(

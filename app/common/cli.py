@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from app.errors import UserError
+from app.common.errors import UserError
 
 
 def field_docs(cls: type) -> dict[str, str]:

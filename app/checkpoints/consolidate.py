@@ -1,6 +1,6 @@
 """Any checkpoint -> the full model state dict, whatever parallel layout wrote it. Safe loading only.
 
-The result always has the keys of `app.model.pipeline.SequentialModel` ("{i}.{name}", layer i of
+The result always has the keys of `app.parallel.pipeline.SequentialModel` ("{i}.{name}", layer i of
 `layer_specs`), float32, on the CPU. DeepSpeed writes the weights in one of three ways:
 
     P > 1 (PipelineModule)   layer_{i:02d}-model_states.pt per layer, keys without the "{i}." prefix;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from app.errors import UserError
+from app.common.errors import UserError
 from app.model.config import ModelConfig
 
 StateDict = dict[str, torch.Tensor]
@@ -161,7 +161,7 @@ def checkpoint_state_dict(ckpt: Path, model_cfg: ModelConfig, zero_stage: int) -
 
 def expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the SequentialModel state dict, without building DeepSpeed or real tensors."""
-    from app.inference import InferenceModel
+    from app.model.lm import InferenceModel
 
     with torch.device("meta"):
         model = InferenceModel(model_cfg)

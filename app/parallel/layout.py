@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import UserError
+from app.common.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Every on-disk model format: training checkpoints, consolidation, exports, opening --checkpoint."""

@@ -1,0 +1,1 @@
+"""Generation: recurrent decoder, sampling."""

@@ -1,0 +1,1 @@
+"""Everything that knows DeepSpeed: layout, pipeline, partition, engine, process group."""

@@ -1,0 +1,1 @@
+"""Training: config, Trainer, batching, evaluation loop, schedule, tracking."""
