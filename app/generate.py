@@ -216,16 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     from app.checkpoints.loader import open_source
-    from app.model.lm import Decoder, InferenceModel
+    from app.generation.decoder import Decoder
 
     prompts = read_prompts(cfg)
     device = pick_device(cfg.device)
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
-    with torch.device("meta"):
-        model = InferenceModel(src.model_cfg)
-    model.load_state_dict(src.state_dict(), strict=True, assign=True)
-    decoder = Decoder(model.to(device))
+    decoder = Decoder(src.load_model(device))
     print(f"# {src.describe()} | {device}", file=sys.stderr, flush=True)
 
     records = generate(

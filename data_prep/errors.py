@@ -1,5 +1,5 @@
-"""The one exception type for user errors: the CLI prints its message as a single ``error:`` line."""
+"""The one exception type for user errors (shared with app/): the CLI prints its message as one ``error:`` line."""
 
+from app.common.errors import UserError
 
-class UserError(Exception):
-    """A problem the user can fix (bad flag, missing file, unusable input); message is one line."""
+__all__ = ["UserError"]

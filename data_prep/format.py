@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_prep.errors import UserError
+
 FORMAT_VERSION: int = 1
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 META_FILE = "meta.json"
@@ -30,7 +32,7 @@ TOKENIZER_FILE = "tokenizer.model"
 RERUN_HINT = "re-run `python -m data_prep --out DIR ...` to prepare the data again"
 
 
-class PreparedDataError(Exception):
+class PreparedDataError(UserError):
     """A prepared-data directory is missing, corrupt or of another format version (one actionable line)."""
 
 

@@ -16,9 +16,9 @@ import pytest
 from launcher import ROOT, deepspeed_cmd, run
 from test_weights import fake_checkpoint, tiny
 
-from app.evaluate import fmt_table, text_store
 from app.evaluate import main as evaluate_main
 from app.training.compressors import compressed_bits_per_byte
+from app.training.evaluator import fmt_table, text_store
 from data_prep.tokenizer import ByteTokenizer
 
 REL = 1e-5

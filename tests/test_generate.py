@@ -9,8 +9,8 @@ import torch
 from test_weights import fake_checkpoint, tiny
 
 from app.generate import main as generate_main
+from app.generation.decoder import Decoder
 from app.generation.sampling import SamplingConfig, sample_next
-from app.model.lm import Decoder
 
 VARIANTS = [
     {},

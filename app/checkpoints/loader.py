@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.checkpoints.consolidate import StateDict
+import torch
+
+from app.checkpoints.consolidate import StateDict, checkpoint_state_dict
+from app.checkpoints.export_format import TOKENIZER_FILE, is_export_dir, read_export_config, read_weights
+from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
 from app.common.errors import UserError
 from app.model.config import ModelConfig
+from app.model.lm import LanguageModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +31,7 @@ class Source:
 
     @property
     def tokenizer_path(self) -> Path | None:
-        p = self.path / "tokenizer.model"
+        p = self.path / TOKENIZER_FILE
         return p if self.tokenizer_meta.get("type") == "sentencepiece" else None
 
     def tokenizer(self):
@@ -38,14 +43,17 @@ class Source:
             raise UserError(f"--checkpoint {self.path}: cannot load its tokenizer ({e})") from None
 
     def state_dict(self) -> StateDict:
-        """Full float32 weights with SequentialModel keys (see app.checkpoints.consolidate)."""
+        """Full float32 weights with LanguageModel keys (see app.checkpoints.consolidate)."""
         if self.kind == "export":
-            from app.export import read_weights
-
             return read_weights(self.path, self.model_cfg)
-        from app.checkpoints.consolidate import checkpoint_state_dict
-
         return checkpoint_state_dict(self.path, self.model_cfg, self.zero_stage)
+
+    def load_model(self, device: str | torch.device = "cpu") -> LanguageModel:
+        """The model in eval mode with these weights (built on the meta device: no throwaway init)."""
+        with torch.device("meta"):
+            model = LanguageModel(self.model_cfg)
+        model.load_state_dict(self.state_dict(), strict=True, assign=True)
+        return model.to(device).eval()
 
     def describe(self) -> str:
         step = f" step {self.step}" if self.step is not None else ""
@@ -68,8 +76,6 @@ def _model_cfg(d: object, where: Path) -> ModelConfig:
 
 
 def open_source(path: str | Path) -> Source:
-    from app.export import is_export_dir, read_export_config
-
     p = Path(path)
     if is_export_dir(p):
         cfg = read_export_config(p)
@@ -81,8 +87,6 @@ def open_source(path: str | Path) -> Source:
             step=cfg.get("step"),
             trained_layout=cfg.get("trained_layout"),
         )
-    from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
-
     d = resolve_checkpoint_dir(p)
     state = read_app_state(d)
     tok = state.get("tokenizer")

@@ -15,15 +15,13 @@ class UserError(Exception):
 
 
 def exit_on_user_error(fn: Callable[..., int]) -> Callable[..., int]:
-    """Turn `UserError` (and the data-prep format error) into `error: ...` on stderr and exit code 2."""
+    """Turn `UserError` (data_prep's errors included: they subclass it) into `error: ...` and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs) -> int:
-        from data_prep.format import PreparedDataError
-
         try:
             return fn(*args, **kwargs)
-        except (UserError, PreparedDataError) as e:
+        except UserError as e:
             msg = " ".join(str(e).split("\n"))
             print(f"error: {msg}", file=sys.stderr, flush=True)
             return 2

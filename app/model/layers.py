@@ -19,12 +19,14 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.model.config import ModelConfig
-from app.model.mlstm_core import mlstm_sequence, mlstm_step
+from app.model.mlstm_core import mlstm_prefill, mlstm_sequence, mlstm_step
 from app.model.weight_norm import weight_normed
 
-State = tuple[torch.Tensor, torch.Tensor]
+State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
+Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # effective (w_in, w_mh, w_m)
 
 
 class Embedding(nn.Module):
@@ -98,7 +100,7 @@ class RecurrentLayer(nn.Module):
             self.gain_mh = nn.Parameter(self.weight_mh.detach().norm(dim=1))
             self.gain_m = nn.Parameter(self.weight_m.detach().norm(dim=1))
 
-    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def weights(self) -> Weights:
         """Effective (w_in, w_mh, w_m), weight-normalised once per call when configured."""
         if not self.weight_norm:
             return self.weight_in, self.weight_mh, self.weight_m
@@ -133,13 +135,30 @@ class RecurrentLayer(nn.Module):
         z = torch.zeros(batch, self.hidden_dim, device=device, dtype=dtype)
         return z, z.clone()
 
-    def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        """One token: x_t (B, in) -> (y_t (B, H), new_state). Same function as `forward`, one step."""
+    def prefill(
+        self, x: torch.Tensor, lengths: torch.Tensor, weights: Weights | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """Inference: x (B, T, in) right-padded -> (y (B, T, H), state after row b's lengths[b] tokens).
+
+        `weights` are `self.weights()` computed once by a caller that runs many calls (generation).
+        """
+        if self.cell == "lstm":
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            out, (h_n, c_n) = self.lstm(packed)
+            h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # (B, T, H)
+            return self._finish(x, h), (h_n[0], c_n[0])
+        w_in, w_mh, w_m = weights or self.weights()
+        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m)  # (B, T, H)
+        return self._finish(x, h), state
+
+    def step(
+        self, x_t: torch.Tensor, state: State, weights: Weights | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """Inference: one token x_t (B, in) -> (y_t (B, H), new_state). Same function as `forward`, one step."""
         if self.cell == "lstm":
             h, c = state
             y, (h, c) = self.lstm(x_t.unsqueeze(1), (h.unsqueeze(0), c.unsqueeze(0)))  # (B, 1, H)
-            new_state = (h.squeeze(0), c.squeeze(0))
-            return self._finish(x_t, y.squeeze(1)), new_state
-        w_in, w_mh, w_m = self.weights()
+            return self._finish(x_t, y.squeeze(1)), (h.squeeze(0), c.squeeze(0))
+        w_in, w_mh, w_m = weights or self.weights()
         h, new_state = mlstm_step(x_t, state, w_in, self.bias, w_mh, w_m)  # (B, H)
         return self._finish(x_t, h), new_state

@@ -34,6 +34,64 @@ def state_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if compute_dtype in (torch.bfloat16, torch.float16) else compute_dtype
 
 
+def _recur(
+    x: torch.Tensor,
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """THE cell equations, run over x (B, T, in) from `state` (h_0, c_0), zero when None.
+
+    Returns every buffer backward needs: xt (T, B, in), pm (T, B, H), gates (T, B, 4H) activated
+    [si, sf, so, tu], cs (T+1, B, H) c_0..c_T, tcs (T, B, H), rs (T, B, H) W_mh h_{t-1}, ms (T, B, H),
+    hs (T+1, B, H) h_0..h_T. Training, prefill and the per-token step all run this one loop.
+    """
+    B, T, D = x.shape
+    H = w_mh.shape[0]
+    cdt, sdt = x.dtype, state_dtype(x.dtype)
+    kw = dict(device=x.device)
+
+    xt = x.transpose(0, 1).contiguous()  # (T, B, D): per-step slices contiguous
+    proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
+    # a contiguous copy, so backward keeps (T, B, H) alive rather than all of proj (T, B, 5H)
+    pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
+    pg = proj[..., H:]  # (T, B, 4H) W_x x_t
+    pg += bias
+
+    gates = torch.empty(T, B, 4 * H, dtype=sdt, **kw)  # activated [si, sf, so, tu]
+    cs = torch.zeros(T + 1, B, H, dtype=sdt, **kw)  # c_0 .. c_T (only c_0 needs the zero)
+    tcs = torch.empty(T, B, H, dtype=sdt, **kw)  # tanh(c_t)
+    ms = torch.empty(T, B, H, dtype=cdt, **kw)  # m_t, matmul operand
+    hs = torch.zeros(T + 1, B, H, dtype=cdt, **kw)  # h_0 .. h_T, matmul operand
+    if state is not None:
+        hs[0].copy_(state[0])
+        cs[0].copy_(state[1])
+    g = torch.empty(B, 4 * H, dtype=sdt, **kw)  # pre-activations, reused every step
+    g_sig, g_tanh = g[:, : 3 * H], g[:, 3 * H :]
+    # Per-step views made once: indexing inside the loop costs a dispatcher call each time,
+    # which is most of the per-step cost at small sizes.
+    hs_u, cs_u, tcs_u, ms_u, pm_u, pg_u = (v.unbind(0) for v in (hs, cs, tcs, ms, pm, pg))
+    a_sig_u, a_tanh_u = gates[..., : 3 * H].unbind(0), gates[..., 3 * H :].unbind(0)
+    si_u, sf_u, so_u, tu_u = (v.unbind(0) for v in gates.split(H, dim=2))
+    rs_list = []  # W_mh h_{t-1}, kept for backward (stacked once after the loop)
+    for t in range(T):
+        r = linear(hs_u[t], w_mh)  # (B, H)
+        rs_list.append(r)
+        torch.mul(pm_u[t], r, out=ms_u[t])  # m_t = (W_mx x_t) * (W_mh h_{t-1})
+        torch.add(pg_u[t], linear(ms_u[t], w_m), out=g)  # (B, 4H) W_x x_t + W_m m_t + b
+        torch.sigmoid(g_sig, out=a_sig_u[t])
+        torch.tanh(g_tanh, out=a_tanh_u[t])
+        c = cs_u[t + 1]
+        torch.mul(sf_u[t], cs_u[t], out=c)  # c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanh(u)
+        c.addcmul_(si_u[t], tu_u[t])
+        torch.tanh(c, out=tcs_u[t])
+        torch.mul(so_u[t], tcs_u[t], out=hs_u[t + 1])  # h_t = sigmoid(o) tanh(c_t)
+    rs = torch.stack(rs_list)  # (T, B, H)
+    return xt, pm, gates, cs, tcs, rs, ms, hs
+
+
 class MLSTMFunction(torch.autograd.Function):
     """(x, w_in, bias, w_mh, w_m) -> h for all steps.
 
@@ -43,45 +101,7 @@ class MLSTMFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m):
-        B, T, D = x.shape
-        H = w_mh.shape[0]
-        cdt, sdt = x.dtype, state_dtype(x.dtype)
-        kw = dict(device=x.device)
-
-        xt = x.transpose(0, 1).contiguous()  # (T, B, D): per-step slices contiguous
-        proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
-        # a contiguous copy, so backward keeps (T, B, H) alive rather than all of proj (T, B, 5H)
-        pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
-        pg = proj[..., H:]  # (T, B, 4H) W_x x_t
-        pg += bias
-
-        gates = torch.empty(T, B, 4 * H, dtype=sdt, **kw)  # activated [si, sf, so, tu]
-        cs = torch.zeros(T + 1, B, H, dtype=sdt, **kw)  # c_0 .. c_T (only c_0 needs the zero)
-        tcs = torch.empty(T, B, H, dtype=sdt, **kw)  # tanh(c_t)
-        ms = torch.empty(T, B, H, dtype=cdt, **kw)  # m_t, matmul operand
-        hs = torch.zeros(T + 1, B, H, dtype=cdt, **kw)  # h_0 .. h_T, matmul operand
-        g = torch.empty(B, 4 * H, dtype=sdt, **kw)  # pre-activations, reused every step
-        g_sig, g_tanh = g[:, : 3 * H], g[:, 3 * H :]
-        # Per-step views made once: indexing inside the loop costs a dispatcher call each time,
-        # which is most of the per-step cost at small sizes.
-        hs_u, cs_u, tcs_u, ms_u, pm_u, pg_u = (v.unbind(0) for v in (hs, cs, tcs, ms, pm, pg))
-        a_sig_u, a_tanh_u = gates[..., : 3 * H].unbind(0), gates[..., 3 * H :].unbind(0)
-        si_u, sf_u, so_u, tu_u = (v.unbind(0) for v in gates.split(H, dim=2))
-        rs_list = []  # W_mh h_{t-1}, kept for backward (stacked once after the loop)
-        for t in range(T):
-            r = linear(hs_u[t], w_mh)  # (B, H)
-            rs_list.append(r)
-            torch.mul(pm_u[t], r, out=ms_u[t])
-            torch.add(pg_u[t], linear(ms_u[t], w_m), out=g)  # (B, 4H)
-            torch.sigmoid(g_sig, out=a_sig_u[t])
-            torch.tanh(g_tanh, out=a_tanh_u[t])
-            c = cs_u[t + 1]
-            torch.mul(sf_u[t], cs_u[t], out=c)
-            c.addcmul_(si_u[t], tu_u[t])
-            torch.tanh(c, out=tcs_u[t])
-            torch.mul(so_u[t], tcs_u[t], out=hs_u[t + 1])
-        rs = torch.stack(rs_list)  # (T, B, H)
-
+        xt, pm, gates, cs, tcs, rs, ms, hs = _recur(x, w_in, bias, w_mh, w_m)
         ctx.save_for_backward(xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs)
         return hs[1:].transpose(0, 1).contiguous()  # (B, T, H)
 
@@ -154,6 +174,22 @@ def mlstm_sequence(
     return MLSTMFunction.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
 
 
+@torch.no_grad()
+def mlstm_prefill(
+    x: torch.Tensor, lengths: torch.Tensor, w_in, bias, w_mh, w_m
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Inference: x (B, T, in) from a zero state -> (h (B, T, H), (h, c) after row b's first lengths[b] steps).
+
+    The same loop as training (`_recur` keeps every c_t), so the state at each row's own end can be
+    picked out of a right-padded batch. No autograd.
+    """
+    *_, cs, _, _, _, hs = _recur(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
+    rows = torch.arange(x.shape[0], device=x.device)
+    lengths = lengths.to(x.device)
+    return hs[1:].transpose(0, 1), (hs[lengths, rows], cs[lengths, rows])
+
+
+@torch.no_grad()
 def mlstm_step(
     x_t: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor],
@@ -162,13 +198,6 @@ def mlstm_step(
     w_mh: torch.Tensor,
     w_m: torch.Tensor,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """One token: x_t (B, in), state (h, c) each (B, H) -> (h_t, (h_t, c_t)). Plain autograd ops."""
-    h, c = state
-    H = w_mh.shape[0]
-    p = x_t @ w_in.t()  # (B, 5H)
-    m = p[:, :H] * (h @ w_mh.t())  # (B, H)
-    z = p[:, H:] + m @ w_m.t() + bias  # (B, 4H)
-    i, f, o, u = z.split(H, dim=1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
-    h = torch.sigmoid(o) * torch.tanh(c)
-    return h, (h, c)
+    """Inference: one token x_t (B, in), state (h, c) each (B, H) -> (h_t, (h_t, c_t)). No autograd."""
+    *_, cs, _, _, _, hs = _recur(x_t.unsqueeze(1), w_in, bias.to(state_dtype(x_t.dtype)), w_mh, w_m, state)
+    return hs[1], (hs[1], cs[1])

@@ -8,7 +8,7 @@ DeepSpeed's division by grad_accum and averaging over data-parallel ranks undo t
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 
 import deepspeed
 import torch
@@ -21,7 +21,6 @@ from app.model.loss import token_loss
 from app.parallel.layout import Layout
 from app.parallel.partition import pipeline_layer_costs
 from app.parallel.pipeline import build_pipeline, build_sequential
-from app.training.schedule import lr_multiplier
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), both (B, T) int64
 
@@ -35,15 +34,13 @@ class Engine:
         *,
         seed: int,
         partition_method: str,
-        total_steps: int = 1,
-        warmup: int = 0,
-        decay: str = "constant",
-        min_lr_ratio: float = 1.0,
+        lr_lambda: Callable[[int], float] | None = None,
         inference: bool = False,
         layer_costs: list[float] | None = None,
         timing_shape: tuple[int, int] | None = None,
     ) -> None:
-        """`inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable).
+        """`lr_lambda(step)` multiplies the optimizer's lr (constant when None).
+        `inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable).
 
         P > 1: `layer_costs` (recorded by an earlier run) fix the split; else `partition_method` decides,
         "time" timing each layer on a (batch, seq_len) `timing_shape` (default (micro_batch, 64)).
@@ -73,9 +70,7 @@ class Engine:
         if inference:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:
-            lr_fn = functools.partial(
-                lr_multiplier, warmup=warmup, total=total_steps, decay=decay, min_ratio=min_lr_ratio
-            )
+            lr_fn = lr_lambda or (lambda _: 1.0)
             self.ds, *_ = deepspeed.initialize(
                 model=module,
                 model_parameters=[p for p in module.parameters() if p.requires_grad],

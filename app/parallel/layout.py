@@ -28,6 +28,10 @@ class Layout:
     def train_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
 
+    def as_dict(self) -> dict:
+        """The fields, as recorded in a checkpoint's config and compared on resume."""
+        return {f: getattr(self, f) for f in self.__slots__}
+
 
 def load_ds_json(path: str | None) -> dict:
     if not path:
@@ -53,8 +57,12 @@ def _int_key(cfg: dict, key: str, src: str) -> int | None:
     return v
 
 
-def resolve_layout(cfg: dict, world_size: int, stages: int, src: str = "deepspeed config") -> Layout:
-    """Check the batch/parallel arithmetic; fill in whichever batch key is missing."""
+def resolve_layout(
+    cfg: dict, world_size: int, stages: int, src: str = "deepspeed config", *, training: bool = True
+) -> Layout:
+    """Check the batch/parallel arithmetic; fill in whichever batch key is missing.
+
+    `training=False` (evaluation) needs no optimizer section."""
     if stages < 1 or world_size % stages:
         raise UserError(
             f"--pipeline-stages {stages} does not divide the world size {world_size}: "
@@ -109,7 +117,7 @@ def resolve_layout(cfg: dict, world_size: int, stages: int, src: str = "deepspee
             f"--min-lr-ratio so that it always agrees with --max-steps/--epochs"
         )
     opt = cfg.get("optimizer")
-    if not isinstance(opt, dict) or "lr" not in opt.get("params", {}):
+    if training and (not isinstance(opt, dict) or "lr" not in opt.get("params", {})):
         raise UserError(f"{src}: an `optimizer` section with `params.lr` is required (e.g. AdamW)")
     return Layout(
         world_size=world_size,
@@ -131,3 +139,15 @@ def engine_config(cfg: dict, layout: Layout) -> dict:
     # The app prints its own compact metrics line; DeepSpeed's per-N-step print would duplicate it.
     out.setdefault("steps_per_print", 10**9)
     return out
+
+
+def inference_layout(world_size: int, stages: int, micro_batch: int) -> tuple[Layout, dict]:
+    """Evaluation's layout and DeepSpeed dict, through the same checks as training's (fp32, ZeRO-0)."""
+    ds = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        # enough micro-batches in flight to keep every stage busy
+        "gradient_accumulation_steps": 2 * stages if stages > 1 else 1,
+        "zero_optimization": {"stage": 0},
+    }
+    layout = resolve_layout(ds, world_size, stages, src="evaluation", training=False)
+    return layout, engine_config(ds, layout)

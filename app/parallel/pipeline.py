@@ -3,19 +3,19 @@
 `layer_specs(cfg)` is the model: [embedding, one spec per recurrent layer, head]. The same list builds
 - `build_pipeline(cfg, num_stages, ...)`: a PipelineModule split over stages (dynamic_shape=True, since
   sequence length changes between buckets), and
-- `build_sequential(cfg)`: a plain nn.Module forward(ids) -> logits for one stage / ZeRO-2/3.
+- `build_sequential(cfg)`: `app.model.lm.LanguageModel`, the plain module for one stage / ZeRO-2/3.
 
 Layer i of the list is layer i everywhere. Weights do not depend on the layout: layer i is built right
 after `torch.manual_seed(base_seed + i)` in both builders (DeepSpeed's seed_layers mechanism).
 
 Checkpoint layout. DeepSpeed saves a pipeline model one file per layer,
 `<ckpt>/<tag>/layer_{i:02d}-model_states.pt`, holding that layer module's own state_dict (keys without
-the index prefix). The sequential module's state_dict uses the same index as a prefix: key
+the index prefix). The LanguageModel's state_dict uses the same index as a prefix: key
 "{i}.{name}" <-> file layer_{i:02d}, key "{name}". With tied embeddings the embedding module is built
 once (DeepSpeed keeps it in `tied_modules.embed`, and on a pipeline every stage holding a tied spec has
 a copy, kept in sync by an all-reduce of its gradient). Only the spec that runs the module's own
 forward (the embedding, index 0) owns a file (`layer_00`, key "weight"); the head slot runs a function
-of that module, so DeepSpeed writes no file for it and the sequential module has no "{last}." keys.
+of that module, so DeepSpeed writes no file for it and the LanguageModel has no "{last}." keys.
 Untied: layer_00 {"weight"}, layer_{L+1:02d} {"weight", "bias"}. Recurrent layers: see
 `app.model.layers.RecurrentLayer` for names.
 
@@ -27,19 +27,16 @@ FLOPs, head ~ hidden * vocab.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
-import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import partition_balanced
-from torch import nn
 
 from app.model.config import ModelConfig, head_flops_per_token, recurrent_flops_per_token
 from app.model.layers import Embedding, Head, RecurrentLayer, tied_head_forward
+from app.model.lm import DEFAULT_SEED, LanguageModel, seed_layer
 from app.model.loss import token_loss
 
 PARTITION_METHODS = ("cost", "parameters", "uniform", "type:<regex>")
-DEFAULT_SEED = 1234
 TIED_KEY = "embed"
 
 
@@ -64,49 +61,9 @@ def layer_costs(cfg: ModelConfig) -> list[float]:
     return [0.0, *rec, head_flops_per_token(cfg)]
 
 
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-
-
-class SequentialModel(nn.Module):
-    """`layer_specs` built in one process: forward(ids (B, T)) -> logits (B, T, V).
-
-    Modules are registered under their spec index (state_dict key "{i}.{name}"), mirroring DeepSpeed's
-    per-layer files; see the module docstring for tied weights.
-    """
-
-    def __init__(self, specs: list[LayerSpec], base_seed: int = DEFAULT_SEED) -> None:
-        super().__init__()
-        self._funcs: list[Callable[[torch.Tensor], torch.Tensor]] = []
-        tied: dict[str, nn.Module] = {}
-        for i, spec in enumerate(specs):
-            _seed(base_seed + i)
-            if isinstance(spec, TiedLayerSpec):
-                if spec.key not in tied:
-                    tied[spec.key] = spec.build()
-                module = tied[spec.key]
-                if spec.forward_fn is not None:
-                    self._funcs.append(partial(spec.forward_fn, module))
-                    continue
-            else:
-                module = spec.build()
-            self.add_module(str(i), module)
-            self._funcs.append(module)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = ids
-        for f in self._funcs:
-            x = f(x)
-        return x
-
-    @property
-    def layers(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
-        """The forward callables in order (for per-token generation)."""
-        return list(self._funcs)
-
-
-def build_sequential(cfg: ModelConfig, base_seed: int = DEFAULT_SEED) -> SequentialModel:
-    return SequentialModel(layer_specs(cfg), base_seed=base_seed)
+def build_sequential(cfg: ModelConfig, base_seed: int = DEFAULT_SEED) -> LanguageModel:
+    """The same layers in one process (P = 1, ZeRO-2/3): the model's own module, seeded like the pipeline."""
+    return LanguageModel(cfg, base_seed=base_seed)
 
 
 class CostPipelineModule(PipelineModule):
@@ -160,7 +117,7 @@ def build_pipeline(
         loss_fn=loss_fn,
         partition_method=partition_method,
         seed_layers=True,
-        seed_fn=_seed,
+        seed_fn=seed_layer,
         base_seed=base_seed,
         activation_checkpoint_interval=activation_checkpoint_interval,
         dynamic_shape=True,

@@ -9,6 +9,7 @@ import netrc
 import os
 from pathlib import Path
 
+from app.common.files import atomic_write
 from app.common.logs import get_logger
 
 
@@ -107,3 +108,14 @@ class Tracker:
                 self.run.finish()
             except Exception as e:
                 self.log.warning(f"W&B finish failed ({e.__class__.__name__})")
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """On resume, drop metrics.jsonl records of steps after the checkpoint: the resumed run writes them again."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    keep = [
+        ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step
+    ]
+    atomic_write(path, "".join(ln + "\n" for ln in keep))

@@ -1,0 +1,74 @@
+"""The export format: a folder that loads with torch alone (no DeepSpeed, no pickle).
+
+model.safetensors   the full float32 weights, keys "{i}.{name}" (see app.model.lm)
+config.json         {"format": "mlstm-ds-export", "version": 1, model_config, tokenizer, step, ...}
+tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from app.checkpoints.consolidate import StateDict, check_state_dict
+from app.common.errors import UserError
+from app.common.files import atomic_write, read_json_object
+from app.model.config import ModelConfig
+
+EXPORT_FORMAT = "mlstm-ds-export"
+EXPORT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.model"
+
+
+def is_export_dir(p: Path) -> bool:
+    return (p / WEIGHTS_FILE).is_file() and (p / CONFIG_FILE).is_file()
+
+
+def read_export_config(d: Path) -> dict:
+    p = Path(d) / CONFIG_FILE
+    cfg = read_json_object(p, "export config")
+    if cfg.get("format") != EXPORT_FORMAT:
+        raise UserError(f"{p}: not an {EXPORT_FORMAT} config")
+    if cfg.get("version") != EXPORT_VERSION:
+        raise UserError(
+            f"{p}: export version {cfg.get('version')!r}, this version reads {EXPORT_VERSION}: export again"
+        )
+    if not isinstance(cfg.get("tokenizer"), dict):
+        raise UserError(f"{p}: no tokenizer entry")
+    return cfg
+
+
+def read_weights(d: Path, model_cfg: ModelConfig) -> StateDict:
+    """The exported state dict (safetensors: tensors only, nothing executed), checked against the config."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    p = Path(d) / WEIGHTS_FILE
+    try:
+        sd = load_file(str(p))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{p}: unreadable or corrupt safetensors file ({e})") from None
+    check_state_dict(sd, model_cfg, str(p))
+    return sd
+
+
+def write_export(out: Path, sd: StateDict, config: dict, tokenizer_path: Path | None) -> None:
+    """Write (or replace) the export files in `out`. The config goes last, so a folder that passes
+    `is_export_dir` holds completely written weights."""
+    from safetensors.torch import save
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).unlink(missing_ok=True)
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    atomic_write(out / WEIGHTS_FILE, save(sd, metadata={"format": EXPORT_FORMAT}))
+    if tokenizer_path is not None:
+        shutil.copyfile(tokenizer_path, out / TOKENIZER_FILE)
+    else:
+        (out / TOKENIZER_FILE).unlink(missing_ok=True)
+    config = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **config}
+    atomic_write(out / CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))

@@ -1,0 +1,56 @@
+"""Recurrent decoding that carries the state, so each new token costs one step per layer.
+
+- `prefill(ids, lengths)`: the whole (right-padded) prompt in one sequence pass per layer, returning the
+  logits after each row's last real token and the recurrent state there;
+- `step(ids, state)`: one token per row: the prompt is never re-read.
+Weight normalisation is applied once when the Decoder is built, not once per token. The cell math is
+the model's own (`RecurrentLayer.prefill/step` -> `app.model.mlstm_core`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.model.lm import LanguageModel
+
+State = list[tuple[torch.Tensor, torch.Tensor]]  # per recurrent layer (h, c), each (B, H)
+
+
+class Decoder:
+    """Prefill + per-token steps over a LanguageModel (eval mode, no grad, weights normalised once)."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model.eval()
+        self.cfg = model.cfg
+        with torch.no_grad():
+            self._w = [
+                tuple(w.detach() for w in layer.weights()) if layer.cell == "mlstm" else None
+                for layer in model.recurrent
+            ]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embedding.weight.device
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """ids (B, T) right-padded, lengths (B,) >= 1 -> (logits (B, V) after each row's last token, state)."""
+        lengths = lengths.to(self.device)
+        rows = torch.arange(ids.shape[0], device=self.device)
+        x = self.model.embedding(ids.to(self.device))  # (B, T, E)
+        state: State = []
+        for layer, w in zip(self.model.recurrent, self._w):
+            x, layer_state = layer.prefill(x, lengths, w)  # (B, T, H)
+            state.append(layer_state)
+        return self.model.head(x[rows, lengths - 1]), state  # head only where it is needed: (B, V)
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """ids (B,) -> (logits (B, V), new state): one recurrent step per layer."""
+        x = F.embedding(ids.to(self.device), self.model.embedding.weight)  # (B, E)
+        new: State = []
+        for layer, w, layer_state in zip(self.model.recurrent, self._w, state):
+            x, layer_state = layer.step(x, layer_state, w)  # (B, H)
+            new.append(layer_state)
+        return self.model.head(x), new

@@ -1,0 +1,45 @@
+"""What `app/evaluate.py` evaluates: one typed config, checked at start-up (errors name the flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from data_prep.format import SPLITS
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    checkpoint: str = ""
+    """A run directory (its latest complete checkpoint), its checkpoints/ folder, a step_XXXXXXXX folder, or
+    an export folder."""
+    data: str | None = None
+    """Prepared data directory (python -m data_prep) whose --split is evaluated; needs the checkpoint's
+    tokenizer."""
+    split: str = "test"
+    """Split of --data to evaluate: train, validation or test."""
+    text: list[str] = field(default_factory=list)
+    """Raw UTF-8 text files to evaluate (bits/byte beside gzip/bzip2/xz)."""
+    text_chunk_len: int = 256
+    """--text files are read in pieces of this many tokens, each from a fresh state after BOS."""
+    pipeline_stages: int = 1
+    """Pipeline stages P for the evaluation (world size / P data-parallel replicas); any P works with any
+    checkpoint."""
+    micro_batch: int = 8
+    """Sequences per micro-batch."""
+    partition_method: str = "cost"
+    """How layers are split into stages when P > 1 (as in training)."""
+    out: str | None = None
+    """JSON result file (default: <run>/eval/<tag>.json for a checkpoint, <export>/eval.json)."""
+    verbose: bool = False
+    """Let DeepSpeed log at INFO."""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
+        if self.data is None and not self.text:
+            raise ValueError("nothing to evaluate: give --data DIR (with --split) and/or --text FILE...")
+        if self.split not in SPLITS:
+            raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        for name in ("text_chunk_len", "pipeline_stages", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

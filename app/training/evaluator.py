@@ -1,0 +1,217 @@
+"""Evaluate a checkpoint or export: a --split of prepared data and/or raw --text files, any layout.
+
+`Evaluator` opens and checks every input before a process group exists (a bad request fails in a
+second), then builds an inference engine in the requested layout, through the same layout checks as
+training, and reports exact numbers per source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch.distributed as dist
+
+from app.checkpoints.consolidate import to_module_state
+from app.checkpoints.loader import Source, open_source
+from app.common.errors import UserError
+from app.parallel.engine import Engine
+from app.parallel.layout import inference_layout
+from app.parallel.runtime import init_distributed, set_threads
+from app.training.batching import BucketSchedule, TokenStore
+from app.training.compressors import compressed_bits_per_byte
+from app.training.eval_config import EvalConfig
+from app.training.evaluation import EvalResult, evaluate
+from app.training.run_data import open_prepared
+
+
+def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
+    out = []
+    for name in paths:
+        p = Path(name)
+        try:
+            raw = p.read_bytes()
+            text = raw.decode("utf-8")
+        except OSError as e:
+            raise UserError(f"--text {p}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"--text {p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        if not raw:
+            raise UserError(f"--text {p}: the file is empty")
+        out.append((name, raw, text))
+    return out
+
+
+def check_data_tokenizer(data, src) -> None:
+    mine, theirs = src.tokenizer_meta, data.meta["tokenizer"]
+    keys = ("type", "vocab_size", "pad_id", "bos_id", "eos_id")
+    diff = [f"{k} {theirs.get(k)!r} vs {mine.get(k)!r}" for k in keys if theirs.get(k) != mine.get(k)]
+    both = src.tokenizer_path is not None and data.tokenizer_path is not None
+    if not diff and both and src.tokenizer_path.read_bytes() != data.tokenizer_path.read_bytes():
+        diff.append("tokenizer.model files differ")
+    if diff:
+        raise UserError(
+            f"--data {data.path}: tokenized differently from the checkpoint ({'; '.join(diff)}); "
+            "evaluate data prepared with the checkpoint's tokenizer"
+        )
+
+
+def text_store(tokenizer, text: str, chunk: int):
+    """One document -> a TokenStore of --text-chunk-len pieces (the data_prep row format)."""
+    import datasets
+    import numpy as np
+
+    ids = np.asarray([*tokenizer.encode(text), tokenizer.eos_id], dtype=np.int32)
+    pieces = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
+    ds = datasets.Dataset.from_dict(
+        {
+            "input_ids": [p.tolist() for p in pieces],
+            "length": [len(p) for p in pieces],
+            "num_bytes": [int(tokenizer.token_bytes[p].sum()) for p in pieces],
+            "bucket": [0] * len(pieces),
+        }
+    )
+    return TokenStore(ds)
+
+
+def default_out(src) -> Path:
+    if src.kind == "export":
+        return src.path / "eval.json"
+    run = src.path.parent.parent if src.path.parent.name == "checkpoints" else src.path.parent
+    return run / "eval" / f"{src.path.name}.json"
+
+
+def fmt_table(rows: list[dict]) -> str:
+    cols = ["", "tokens", "bytes", "loss", "ppl", "bits/byte", "gzip -9", "bzip2 -9", "xz -9"]
+
+    def cell(r: dict, c: str) -> str:
+        if c == "":
+            return r["name"]
+        v = r.get(c)
+        if v is None:
+            return "-"
+        return f"{v:,}" if isinstance(v, int) else f"{v:.2f}" if c == "ppl" else f"{v:.4f}"
+
+    table = [cols] + [[cell(r, c) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    return "\n".join(
+        "  ".join(s.ljust(w) if i == 0 else s.rjust(w) for i, (s, w) in enumerate(zip(line, widths)))
+        for line in table
+    )
+
+
+def _row(name: str, res) -> dict:
+    return {
+        "name": name,
+        "tokens": res.tokens,
+        "bytes": res.num_bytes,
+        "loss": res.loss,
+        "ppl": res.perplexity,
+        "bits/byte": res.bits_per_byte,
+    }
+
+
+class Evaluator:
+    def __init__(self, cfg: EvalConfig) -> None:
+        """Everything that can be wrong with the request fails here, before any process group exists."""
+        self.cfg = cfg
+        self.src: Source = open_source(cfg.checkpoint)
+        self.tokenizer = self.src.tokenizer()
+        self.data = None
+        if cfg.data is not None:
+            self.data = open_prepared(cfg.data)
+            check_data_tokenizer(self.data, self.src)
+        self.texts = read_texts(cfg.text)
+        self.full = self.src.state_dict()
+        num_specs = self.src.model_cfg.num_layers + 2
+        if cfg.pipeline_stages > num_specs:
+            raise UserError(
+                f"--pipeline-stages {cfg.pipeline_stages}: the model has only {num_specs} layers "
+                f"(embedding, {self.src.model_cfg.num_layers} recurrent, head)"
+            )
+
+    def setup(self) -> None:
+        """The process group and an inference engine holding the weights, in the requested layout."""
+        init_distributed()
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        set_threads()
+        self.layout, ds_config = inference_layout(world, self.cfg.pipeline_stages, self.cfg.micro_batch)
+        self.engine = Engine(
+            self.src.model_cfg,
+            self.layout,
+            ds_config,
+            seed=0,
+            partition_method=self.cfg.partition_method,
+            inference=True,
+        )
+        self.engine.module.load_state_dict(to_module_state(self.full, self.engine.module), strict=True)
+        del self.full
+
+    def _run(self, store: TokenStore, bounds: list[int]) -> EvalResult:
+        lay = self.layout
+        sched = BucketSchedule(
+            store,
+            bounds,
+            micro_batch=lay.micro_batch,
+            grad_accum=lay.grad_accum,
+            data_parallel=lay.data_parallel,
+            seed=0,
+            shuffle=False,
+        )
+        return evaluate(self.engine, sched, store, self.tokenizer.bos_id, self.tokenizer.pad_id)
+
+    def run(self) -> tuple[dict, list[dict]]:
+        """-> (the JSON result, one table row per evaluated source)."""
+        cfg, src, lay = self.cfg, self.src, self.layout
+        rows: list[dict] = []
+        result: dict = {
+            "checkpoint": str(src.path),
+            "kind": src.kind,
+            "step": src.step,
+            "trained_layout": src.trained_layout,
+            "evaluated_layout": {
+                "world_size": lay.world_size,
+                "stages": lay.stages,
+                "data_parallel": lay.data_parallel,
+                "precision": "fp32",
+            },
+        }
+        if self.data is not None:
+            store = TokenStore(self.data.split(cfg.split))
+            if len(store) == 0:
+                raise UserError(f"--data {self.data.path}: the {cfg.split} split is empty")
+            res = self._run(store, self.data.meta["buckets"])
+            result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
+            rows.append(_row(f"{cfg.split} split", res))
+        result["texts"] = []
+        for name, raw, text in self.texts:
+            res = self._run(text_store(self.tokenizer, text, cfg.text_chunk_len), [cfg.text_chunk_len])
+            res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
+            row = {**_row(name, res), **compressed_bits_per_byte(raw)}
+            rows.append(row)
+            result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
+        result["text_chunk_len"] = cfg.text_chunk_len
+        return result, rows
+
+    def report(self, result: dict, rows: list[dict], log) -> None:
+        """Rank 0 prints the table and writes the JSON; every rank then refuses a non-finite loss."""
+        if self.rank == 0:
+            out = Path(self.cfg.out) if self.cfg.out else default_out(self.src)
+            lay = self.src.trained_layout
+            trained = f"P={lay['stages']} x DP={lay['data_parallel']}" if lay else "?"
+            print(
+                f"{self.src.describe()}\nevaluated with P={self.layout.stages} x DP={self.layout.data_parallel} "
+                f"(fp32)\n{fmt_table(rows)}",
+                flush=True,
+            )
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(result, indent=1))
+            except OSError as e:
+                raise UserError(f"--out {out}: cannot write ({e.strerror or e})") from None
+            log.info(f"results (trained {trained}) written to {out}")
+        for r in rows:
+            if not math.isfinite(r["loss"]):
+                raise RuntimeError(f"{r['name']}: loss is not finite ({r['loss']})")
+        dist.barrier()

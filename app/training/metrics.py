@@ -1,0 +1,96 @@
+"""Rank 0's training metrics: one record per step for the tracker, one compact line every N steps."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from dataclasses import dataclass
+
+from app.training.tracking import Tracker
+
+
+def fmt_count(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one optimizer step did, over the global batch."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None
+    tokens: int
+    padded: int
+    num_bytes: int
+    seconds: float
+    skipped_total: int
+
+
+class StepLogger:
+    """Tracker record per step, progress bar, and the log line every `log_every` steps (with an MFU)."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        log: logging.Logger,
+        *,
+        flops_per_token: float,
+        peak_flops: float,
+        world: int,
+        total_steps: int,
+        steps_per_epoch: int,
+        log_every: int,
+        progress: bool,
+        initial_step: int,
+    ) -> None:
+        self.tracker, self.log = tracker, log
+        self.flops_tok, self.peak_all = flops_per_token, peak_flops * world
+        self.total, self.spe, self.log_every = total_steps, steps_per_epoch, log_every
+        self.window_tokens, self.window_time = 0, 0.0
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True, file=sys.stderr
+            )
+
+    def record(self, s: StepStats) -> None:
+        self.window_tokens += s.tokens
+        self.window_time += s.seconds
+        gnorm = s.grad_norm if s.grad_norm is not None and math.isfinite(s.grad_norm) else float("nan")
+        metrics = {
+            "train/loss": s.loss,
+            "train/bpb": s.loss * s.tokens / math.log(2) / max(1, s.num_bytes),
+            "train/lr": s.lr,
+            "train/grad_norm": gnorm,
+            "train/tokens_per_s": s.tokens / s.seconds,
+            "train/padding_efficiency": s.tokens / max(1, s.padded),
+            "train/skipped_steps": s.skipped_total,
+            "train/mfu": self.flops_tok * s.tokens / s.seconds / self.peak_all,
+            "train/epoch": s.step / self.spe,
+        }
+        self.tracker.log_metrics(metrics, s.step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{s.loss:.3f}", tok_s=fmt_count(s.tokens / s.seconds))
+        if s.step % self.log_every == 0 or s.step == self.total:
+            tps = self.window_tokens / max(self.window_time, 1e-9)
+            line = (
+                f"step {s.step}/{self.total} | loss {s.loss:.4f} | bpb {metrics['train/bpb']:.3f} | "
+                f"lr {s.lr:.2e} | gnorm {gnorm:.3f} | tok/s {fmt_count(tps)} | "
+                f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self.flops_tok * tps / self.peak_all:.1%} | "
+                f"skipped {s.skipped_total}"
+            )
+            (self.bar.write(line, file=sys.stderr) if self.bar is not None else self.log.info(line))
+            self.window_tokens, self.window_time = 0, 0.0
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

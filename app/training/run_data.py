@@ -1,0 +1,63 @@
+"""A run's prepared data, opened in one place: token stores and batch schedules per split."""
+
+from __future__ import annotations
+
+from app.common.errors import UserError
+from app.parallel.layout import Layout
+from app.training.batching import BucketSchedule, TokenStore
+from data_prep.format import PreparedDataError, load_prepared
+
+
+def open_prepared(path: str):
+    """`load_prepared(--data)`, its errors naming the flag."""
+    try:
+        return load_prepared(path)
+    except PreparedDataError as e:
+        raise UserError(f"--data: {e}") from None
+
+
+class RunData:
+    """`--data` opened once; stores and schedules are built on first use and kept."""
+
+    def __init__(self, path: str) -> None:
+        self.prepared = open_prepared(path)
+        self.path = path
+        self.tokenizer = self.prepared.meta["tokenizer"]
+        self.bos, self.pad = self.tokenizer["bos_id"], self.tokenizer["pad_id"]
+        self._batch_args: dict | None = None
+        self._stores: dict[str, TokenStore] = {}
+        self._schedules: dict[str, BucketSchedule] = {}
+
+    def configure(self, layout: Layout, seed: int, tokens_per_micro_batch: int) -> None:
+        """Fix the batch arithmetic every schedule uses (known once the process group exists)."""
+        self._batch_args = dict(
+            micro_batch=layout.micro_batch,
+            grad_accum=layout.grad_accum,
+            data_parallel=layout.data_parallel,
+            seed=seed,
+            tokens_per_micro_batch=tokens_per_micro_batch,
+        )
+        if len(self.store("train")) == 0:
+            raise UserError(f"--data {self.path}: the train split is empty")
+
+    def store(self, split: str) -> TokenStore:
+        if split not in self._stores:
+            self._stores[split] = TokenStore(self.prepared.split(split))
+        return self._stores[split]
+
+    def schedule(self, split: str) -> BucketSchedule:
+        """Train batches are shuffled per epoch; evaluation walks its split in order."""
+        assert self._batch_args is not None, "configure() first"
+        if split not in self._schedules:
+            self._schedules[split] = BucketSchedule(
+                self.store(split), self.prepared.meta["buckets"], shuffle=split == "train", **self._batch_args
+            )
+        return self._schedules[split]
+
+    def describe(self) -> dict:
+        """The data part of the resolved run config."""
+        return {
+            "path": str(self.prepared.path),
+            "tokenizer": self.tokenizer,
+            "splits": self.prepared.meta.get("splits"),
+        }

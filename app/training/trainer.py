@@ -1,0 +1,339 @@
+"""The training run: configure -> setup -> fit (the loop) -> finish (final evaluation, save, summary).
+
+`fit` reads like the algorithm: take the step's global batch, one optimizer step, log, maybe validate,
+maybe save. Everything it uses is built once before it; data is opened in one place (`RunData`); where
+the run stands (`TrainState`) is the only thing the loop changes, and it is what a checkpoint records.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from app.checkpoints import training as ckpt
+from app.common import faults
+from app.common.errors import UserError
+from app.common.files import atomic_write
+from app.common.logs import setup_logging
+from app.model.config import flops_per_token
+from app.model.presets import load_model_config
+from app.parallel.engine import Engine
+from app.parallel.layout import engine_config, load_ds_json, resolve_layout
+from app.parallel.runtime import init_distributed, seed_everything, set_threads
+from app.training.batching import collate
+from app.training.config import TrainConfig
+from app.training.evaluation import evaluate
+from app.training.metrics import StepLogger, StepStats
+from app.training.peak_flops import measure_matmul_peak
+from app.training.run_data import RunData
+from app.training.schedule import lr_multiplier
+from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
+
+EXIT_NON_FINITE = 3  # the exit status when too many consecutive steps were skipped
+
+
+@dataclass(slots=True)
+class TrainState:
+    """Where the run stands; saved with every checkpoint and restored on resume."""
+
+    step: int = 0
+    skipped_total: int = 0
+    consecutive_skips: int = 0
+    wandb_id: str | None = None
+    last_saved: int = -1
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ds_path: str | None, model_overrides: dict) -> None:
+        """Configure: configs, data and layout checked (cheap, so `--dry-run` stops right after)."""
+        self.cfg = cfg
+        self.log = setup_logging(cfg.verbose)
+        self.ds_path = ds_path
+        self.ds_json = load_ds_json(ds_path)  # before any process group: a bad path fails in a second
+        self.data = RunData(cfg.data)
+        self.model_cfg = load_model_config(
+            cfg.model_config, self.data.tokenizer["vocab_size"], model_overrides
+        )
+        init_distributed()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.threads = set_threads()
+        self.layout = resolve_layout(
+            self.ds_json, self.world, cfg.pipeline_stages, src=f"--deepspeed_config {ds_path}"
+        )
+        if self.layout.zero_stage == 0 and self.layout.precision != "fp16":
+            raise UserError(
+                f"--deepspeed_config {ds_path}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed "
+                f"for {self.layout.precision}; use stage 1 (the same memory use at data_parallel 1)"
+            )
+        seed_everything(cfg.seed, cfg.deterministic)
+        self.data.configure(self.layout, cfg.seed, cfg.tokens_per_micro_batch)
+        self.steps_per_epoch = self.data.schedule("train").steps_per_epoch
+        self.total_steps = cfg.max_steps or max(1, math.ceil((cfg.epochs or 1.0) * self.steps_per_epoch))
+        self.run_dir = Path(cfg.out)
+        self.root = self.run_dir / "checkpoints"
+        self.resolved = self._resolved_config()
+        self.state = TrainState()
+        lay = self.layout
+        self._info(
+            f"world {self.world} = {lay.stages} stages x {lay.data_parallel} data-parallel | "
+            f"batch {lay.train_batch} = micro {lay.micro_batch} x accum {lay.grad_accum} x dp "
+            f"{lay.data_parallel} | ZeRO-{lay.zero_stage} {lay.precision} | "
+            f"{self.total_steps} steps ({self.steps_per_epoch}/epoch) | {self.threads} threads/process"
+        )
+
+    def _resolved_config(self) -> dict:
+        return {
+            "train": self.cfg.to_dict(),
+            "model": self.model_cfg.to_dict(),
+            "deepspeed": self.ds_json,
+            "layout": self.layout.as_dict(),
+            "data": self.data.describe(),
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "world_size": self.world,
+            "threads_per_process": self.threads,
+        }
+
+    def _info(self, msg: str) -> None:
+        if self.rank == 0:
+            self.log.info(msg)
+
+    # ---- setup: engine, resume, tracking
+    def setup(self) -> None:
+        """Build the engine (in the stage split a checkpoint fixes), resume, start tracking."""
+        cfg = self.cfg
+        tag = ckpt.find_resume_tag(self.root, cfg.resume)
+        saved = ckpt.read_app_state(self.root / tag) if tag is not None else None
+        if saved is not None:
+            schedule = self.data.schedule("train")
+            ckpt.check_resumable(saved, tag, self.layout.as_dict(), schedule.fingerprint(), self.run_dir)
+        # the same split as the checkpoint, so each stage's optimizer state fits its layers
+        recorded_costs = saved["config"].get("layer_costs") if saved is not None else None
+        self.engine = self._build_engine(recorded_costs)
+        self.resolved["layer_costs"] = self.engine.layer_costs
+        self.resolved["partition"] = self.engine.partition
+        if self.layout.stages > 1:
+            stages = [list(range(a, b)) for a, b in itertools.pairwise(self.engine.partition)]
+            where = f", as recorded in {tag}" if recorded_costs else ""
+            self._info(f"stages hold layers {stages} (--partition-method {cfg.partition_method}{where})")
+        self.n_params = self._count_parameters()
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            ckpt.prune(self.root, keep_last=10**9)  # drop saves a crash interrupted; complete ones stay
+        dist.barrier()
+        if saved is not None:
+            self._resume(tag, saved)
+        self.tracker = self.metrics = None
+        if self.rank == 0:
+            atomic_write(self.run_dir / "config.json", json.dumps(self.resolved, indent=1, default=str))
+            truncate_metrics(self.run_dir, self.state.step)
+            self._start_tracking()
+
+    def _build_engine(self, recorded_costs: list[float] | None) -> Engine:
+        lengths = self.data.store("train").lengths
+        timing_len = max(8, int(np.median(lengths)))
+        timing_batch = self.cfg.tokens_per_micro_batch // timing_len or self.layout.micro_batch
+        return Engine(
+            self.model_cfg,
+            self.layout,
+            engine_config(self.ds_json, self.layout),
+            seed=self.cfg.seed,
+            partition_method=self.cfg.partition_method,
+            lr_lambda=functools.partial(
+                lr_multiplier,
+                warmup=self.cfg.warmup_steps,
+                total=self.total_steps,
+                decay=self.cfg.lr_decay,
+                min_ratio=self.cfg.min_lr_ratio,
+            ),
+            layer_costs=recorded_costs,
+            timing_shape=(max(1, timing_batch), timing_len),
+        )
+
+    def _count_parameters(self) -> int:
+        # Stages hold disjoint layers and replicas identical ones; ZeRO-3 keeps the true size in ds_numel.
+        local = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        counted = torch.tensor(float(local), device=self.engine.device)
+        dist.all_reduce(counted)
+        return int(counted.item()) // self.layout.data_parallel
+
+    def _resume(self, tag: str, saved: dict) -> None:
+        self.engine.ds.load_checkpoint(str(self.root), tag=tag)
+        ckpt.set_rng_state(ckpt.read_rank_state(self.root / tag, self.rank))
+        self.state = TrainState(
+            step=saved["step"],
+            skipped_total=saved["skipped_total"],
+            wandb_id=saved.get("wandb_id"),
+            last_saved=saved["step"],
+        )
+        self._info(f"resumed from {self.root / tag} at step {self.state.step}")
+
+    def _start_tracking(self) -> None:
+        cfg = self.cfg
+        self.tracker = Tracker(
+            self.run_dir,
+            project=cfg.wandb_project,
+            mode=resolve_wandb_mode(cfg.wandb_mode),
+            name=cfg.wandb_run_name or self.run_dir.name,
+            config=self.resolved,
+            resume_id=self.state.wandb_id,
+        )
+        self.state.wandb_id = self.tracker.run_id
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.layout.precision, torch.float32)
+        self.metrics = StepLogger(
+            self.tracker,
+            self.log,
+            flops_per_token=flops_per_token(self.model_cfg),
+            peak_flops=measure_matmul_peak(dtype, self.engine.device),
+            world=self.world,
+            total_steps=self.total_steps,
+            steps_per_epoch=self.steps_per_epoch,
+            log_every=cfg.log_every,
+            progress=cfg.progress,
+            initial_step=self.state.step,
+        )
+
+    # ---- the loop
+    def fit(self) -> int:
+        """Train to `total_steps`; returns the process exit status."""
+        cfg, st = self.cfg, self.state
+        if cfg.sanity_eval_batches:
+            self.validate("validation", "sanity", cfg.sanity_eval_batches)
+        schedule = self.data.schedule("train")
+        plan, plan_epoch = None, -1
+        while st.step < self.total_steps:
+            epoch, k = divmod(st.step, self.steps_per_epoch)
+            if epoch != plan_epoch:
+                plan, plan_epoch = schedule.epoch(epoch), epoch
+            self.train_step(plan[k])
+            if st.consecutive_skips >= cfg.max_consecutive_skips:  # every rank agrees: the decision is global
+                return self._stop_non_finite()
+            if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step < self.total_steps:
+                self.validate("validation", "val", cfg.eval_max_batches)
+            if cfg.save_every and st.step % cfg.save_every == 0:
+                self.save()
+            faults.hang_after(st.step)
+        return self.finish()
+
+    def train_step(self, global_mbs: list) -> None:
+        """One optimizer step over the global batch `global_mbs` (this rank feeds its share)."""
+        st = self.state
+        tokens = sum(mb.tokens for mb in global_mbs)
+        schedule, store = self.data.schedule("train"), self.data.store("train")
+        mine = schedule.for_rank(global_mbs, self.engine.dp_rank)
+        batches = None
+        if self.engine.needs_data:
+            batches = [collate(store, mb, self.data.bos, self.data.pad) for mb in mine]
+        lr = self.engine.lr()  # the rate this step uses (the scheduler advances inside the step)
+        t0 = time.perf_counter()
+        loss = self.engine.train_step(batches, tokens, nan=faults.nan_at(st.step + 1))
+        dt = time.perf_counter() - t0
+        st.step += 1
+        applied = self.engine.step_applied() and math.isfinite(loss)
+        st.consecutive_skips = 0 if applied else st.consecutive_skips + 1
+        st.skipped_total += 0 if applied else 1
+        if self.rank != 0:
+            return
+        if not applied:
+            self.log.warning(
+                f"step {st.step}: non-finite loss/gradient (loss {loss}); update skipped on every rank"
+            )
+        self.metrics.record(
+            StepStats(
+                step=st.step,
+                loss=loss,
+                lr=lr,
+                grad_norm=self.engine.grad_norm(),
+                tokens=tokens,
+                padded=sum(mb.padded for mb in global_mbs),
+                num_bytes=sum(mb.num_bytes for mb in global_mbs),
+                seconds=dt,
+                skipped_total=st.skipped_total,
+            )
+        )
+
+    def validate(self, split: str, prefix: str, max_batches: int = 0) -> dict:
+        """Exact loss over `split` (at most `max_batches` global batches when > 0); logged under `prefix`."""
+        t0 = time.perf_counter()
+        store, schedule = self.data.store(split), self.data.schedule(split)
+        res = evaluate(self.engine, schedule, store, self.data.bos, self.data.pad, max_batches)
+        out = res.as_dict(prefix)
+        step = self.state.step
+        if self.rank == 0:
+            self.log.info(
+                f"{prefix} @ step {step}: loss {res.loss:.4f} nats/token | ppl {res.perplexity:.2f} | "
+                f"{res.bits_per_byte:.4f} bits/byte | {res.tokens} tokens in {time.perf_counter() - t0:.1f}s"
+            )
+            self.tracker.log_metrics(out, step)
+        if not math.isfinite(res.loss):
+            raise RuntimeError(f"{prefix} loss is not finite ({res.loss}) at step {step}")
+        return out
+
+    def save(self) -> None:
+        """A complete checkpoint of this step on every rank, committed by rank 0 once all have written."""
+        st = self.state
+        tag = ckpt.tag_for(st.step)
+        self.engine.ds.save_checkpoint(str(self.root), tag=tag, save_latest=False)
+        ckpt.write_rank_state(self.root / tag, self.rank)
+        faults.crash_in_save(st.step)
+        dist.barrier()
+        if self.rank == 0:
+            app_state = {
+                "step": st.step,
+                "skipped_total": st.skipped_total,
+                "sampler": self.data.schedule("train").fingerprint(),
+                "wandb_id": st.wandb_id,
+                "config": self.resolved,
+                "model_config": self.model_cfg.to_dict(),
+                "tokenizer": self.data.tokenizer,
+                "layout": self.layout.as_dict(),
+            }
+            ckpt.commit(self.root, tag, app_state, self.world, self.data.prepared.tokenizer_path)
+            removed = ckpt.prune(self.root, self.cfg.keep_last)
+            self.log.info(
+                f"saved {self.root / tag}" + (f" (removed {', '.join(removed)})" if removed else "")
+            )
+        dist.barrier()
+        st.last_saved = st.step
+
+    # ---- the end
+    def finish(self) -> int:
+        """Final validation, a save of the last step, the test split when asked, the summary."""
+        st = self.state
+        if self.metrics is not None:
+            self.metrics.close()
+        final = self.validate("validation", "val")
+        if st.last_saved != st.step:
+            self.save()
+        if self.cfg.test_eval and len(self.data.store("test")):
+            final |= self.validate("test", "test")
+        if self.rank == 0:
+            summary = {**final, "step": st.step, "skipped_total": st.skipped_total, "params": self.n_params}
+            atomic_write(self.run_dir / "final_metrics.json", json.dumps(summary, indent=1))
+            self.tracker.summary(summary)
+            self.tracker.close()
+            self.log.info(
+                f"done: {st.step} steps, {self.n_params / 1e6:.2f}M parameters; run directory {self.run_dir}"
+            )
+        dist.barrier()
+        return 0
+
+    def _stop_non_finite(self) -> int:
+        st = self.state
+        if self.rank == 0:
+            self.log.error(
+                f"stopping: {st.consecutive_skips} consecutive non-finite steps (up to step {st.step}); lower "
+                f"the learning rate or check the data. Last good checkpoint: "
+                f"{ckpt.find_resume_tag(self.root, None) or 'none'}"
+            )
+            self.tracker.close()
+        return EXIT_NON_FINITE
