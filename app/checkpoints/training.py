@@ -15,7 +15,6 @@ A crash during a save leaves a tag without COMPLETE; it is ignored on resume and
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from app.common.errors import UserError
+from app.common.files import atomic_write, read_json_object
 
 CHECKPOINT_FORMAT = 1
 COMPLETE = "COMPLETE"
@@ -37,9 +37,7 @@ def tag_for(step: int) -> str:
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 # ---------------------------------------------------------------- RNG state, as JSON
@@ -155,8 +153,7 @@ def commit(root: Path, tag: str, app_state: dict, world_size: int, tokenizer_pat
     }
     _write_json_atomic(d / COMPLETE, {"files": files})
     # Only now does this checkpoint become the one a restart uses.
-    (root / (LATEST + ".tmp")).write_text(tag)
-    os.replace(root / (LATEST + ".tmp"), root / LATEST)
+    atomic_write(root / LATEST, tag)
 
 
 def prune(root: Path, keep_last: int) -> list[str]:
@@ -177,10 +174,7 @@ def prune(root: Path, keep_last: int) -> list[str]:
 
 def read_app_state(ckpt_dir: Path) -> dict:
     p = ckpt_dir / "app_state.json"
-    try:
-        state = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{p}: unreadable checkpoint state ({e.__class__.__name__})") from None
+    state = read_json_object(p, "checkpoint state")
     if state.get("checkpoint_format") != CHECKPOINT_FORMAT:
         raise UserError(
             f"{p}: checkpoint format {state.get('checkpoint_format')!r}, this version reads {CHECKPOINT_FORMAT}"

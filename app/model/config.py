@@ -91,9 +91,20 @@ class ModelConfig:
         return cls(**d)
 
 
+PRESETS: dict[str, dict] = {
+    # Shared by tests, CI and launch/ smoke runs.
+    "debug": dict(embed_dim=32, hidden_dim=64, num_layers=2),
+    # The quickstart: trains visibly on 2 CPU processes in a few minutes.
+    "small": dict(embed_dim=128, hidden_dim=256, num_layers=2),
+    "medium": dict(embed_dim=256, hidden_dim=1024, num_layers=2),
+    # The size of OpenAI's byte-level review model (Radford et al. 2017).
+    "large": dict(embed_dim=64, hidden_dim=4096, num_layers=1),
+}
+
+
 def debug_config(vocab_size: int = 256, **overrides: Any) -> ModelConfig:
     """The tiny model shared by tests, CI and smoke runs (trains in seconds on a CPU)."""
-    kw: dict[str, Any] = dict(vocab_size=vocab_size, embed_dim=32, hidden_dim=64, num_layers=2)
+    kw: dict[str, Any] = dict(vocab_size=vocab_size, **PRESETS["debug"])
     kw.update(overrides)
     return ModelConfig(**kw)
 

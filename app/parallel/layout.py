@@ -5,11 +5,11 @@ Every inconsistency is a `UserError` that names the key or flag and prints the n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.common.errors import UserError
+from app.common.files import read_json_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +36,13 @@ class Layout:
 def load_ds_json(path: str | None) -> dict:
     if not path:
         raise UserError("--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json)")
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--deepspeed_config: file not found: {p}")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"--deepspeed_config: {p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"--deepspeed_config: {p}: expected a JSON object at the top level")
-    return cfg
+    return read_json_object(Path(path), "--deepspeed_config")
+
+
+def is_partition_method(method: str) -> bool:
+    """DeepSpeed's "parameters", "uniform", "type:<regex>", and our FLOP-balanced "cost"."""
+    m = method.lower()
+    return m in ("cost", "parameters", "uniform") or m.startswith("type:")
 
 
 def _int_key(cfg: dict, key: str, src: str) -> int | None:

@@ -35,6 +35,7 @@ from app.model.config import ModelConfig, head_flops_per_token, recurrent_flops_
 from app.model.layers import Embedding, Head, RecurrentLayer, tied_head_forward
 from app.model.lm import DEFAULT_SEED, LanguageModel, seed_layer
 from app.model.loss import token_loss
+from app.parallel.layout import is_partition_method
 
 PARTITION_METHODS = ("cost", "parameters", "uniform", "type:<regex>")
 TIED_KEY = "embed"
@@ -88,7 +89,7 @@ class CostPipelineModule(PipelineModule):
 
 
 def check_partition_method(method: str) -> None:
-    if method.lower() in ("cost", "parameters", "uniform") or method.lower().startswith("type:"):
+    if is_partition_method(method):
         return
     raise ValueError(f"partition_method must be one of {PARTITION_METHODS}, got {method!r}")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from app.parallel.layout import is_partition_method
+
 LR_DECAYS = ("cosine", "linear", "constant")
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -76,8 +78,7 @@ class TrainConfig:
         need(bool(self.data), "data", "is required (a directory written by `python -m data_prep`)")
         need(self.pipeline_stages >= 1, "pipeline_stages", f"must be >= 1, got {self.pipeline_stages}")
         need(
-            self.partition_method in ("time", "cost", "parameters", "uniform")
-            or self.partition_method.startswith("type:"),
+            self.partition_method == "time" or is_partition_method(self.partition_method),
             "partition_method",
             f"must be time, cost, parameters, uniform or type:REGEX, got {self.partition_method!r}",
         )
