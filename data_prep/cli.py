@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.common.cli import field_docs
 from data_prep.config import DOC_SPLITS, FORMATS, MODEL_TYPES, TOKENIZERS, PrepConfig
 from data_prep.errors import UserError
 from data_prep.format import PreparedDataError
@@ -23,17 +24,7 @@ log = logging.getLogger("data_prep")
 
 def _help(name: str) -> str:
     """A field's docstring, read from the source, so config and --help never drift apart."""
-    import ast
-    import inspect
-
-    from data_prep import config
-
-    tree = ast.parse(inspect.getsource(config))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PrepConfig")
-    for a, b in zip(cls.body, cls.body[1:]):
-        if isinstance(a, ast.AnnAssign) and a.target.id == name and isinstance(b, ast.Expr):  # type: ignore[union-attr]
-            return b.value.value.strip()  # type: ignore[union-attr]
-    return ""
+    return field_docs(PrepConfig).get(name, "")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""app/inference.py Decoder and app/generate.py: state-carrying decoding equals the full forward; sampling."""
+"""app/generation/decoder.py and app/generate.py: state-carrying decoding equals the full forward; sampling."""
 
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.model.config import ModelConfig, debug_config, flops_per_token
+from app.model.config import PRESETS, ModelConfig, debug_config, flops_per_token
 from app.model.layers import RecurrentLayer
+from app.model.lm import LanguageModel
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
 from app.model.mlstm_core import mlstm_sequence
 from app.model.reference import naive_mlstm
@@ -264,3 +265,18 @@ def test_loss_weighting_matches_one_big_batch():
     assert abs(loss_mean - float(big.detach())) > 1e-3 or any(
         not torch.allclose(a, b) for a, b in zip(g_mean, g_big)
     )
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_builds_and_runs(preset):
+    """Each shipped size builds with the shapes its config implies; those up to H = 1024 also run forward."""
+    cfg = ModelConfig(vocab_size=300, **PRESETS[preset])
+    H, E = cfg.hidden_dim, cfg.embed_dim
+    with torch.device("meta"):  # no memory, so the large preset is checked too
+        shapes = {k: tuple(v.shape) for k, v in LanguageModel(cfg).state_dict().items()}
+    assert shapes["0.weight"] == (300, E)
+    assert shapes["1.weight_in"] == (5 * H, E) and shapes["1.weight_m"] == (4 * H, H)
+    assert len(layer_specs(cfg)) == cfg.num_layers + 2
+    if H <= 1024:
+        logits = LanguageModel(cfg)(torch.zeros(2, 5, dtype=torch.long))
+        assert logits.shape == (2, 5, 300) and torch.isfinite(logits).all()
