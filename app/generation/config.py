@@ -1,0 +1,74 @@
+"""What `app/generate.py` generates: one typed config, checked at start-up (errors name the flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.common.errors import UserError
+from app.generation.sampling import SamplingConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class GenerateConfig:
+    checkpoint: str = ""
+    """A run directory, its checkpoints/ folder, one step_XXXXXXXX folder, or an export folder."""
+    prompt: str | None = None
+    """Prompt text (default: empty, i.e. sample from the start of a document)."""
+    prompts: str | None = None
+    """File with one prompt per line (blank lines skipped); the prompts are generated as one batch."""
+    max_new_tokens: int = 200
+    """Stop each row after this many new tokens (or at EOS)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy (argmax)."""
+    top_k: int = 0
+    """Sample only among the K most likely tokens (0: off)."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens holding probability >= P (1: off)."""
+    seed: int = 1234
+    """Random seed: the same seed gives the same text."""
+    num_samples: int = 1
+    """Samples per prompt."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    output: str | None = None
+    """Also write every sample as a JSON line (prompt, text, tokens, stop reason) to this file."""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
+        if self.prompt is not None and self.prompts is not None:
+            raise ValueError("give --prompt or --prompts, not both")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_samples < 1:
+            raise ValueError(f"--num-samples must be >= 1, got {self.num_samples}")
+        SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r}: expected cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine")
+    return dev
+
+
+def read_prompts(cfg: GenerateConfig) -> list[str]:
+    if cfg.prompts is None:
+        return [cfg.prompt or ""]
+    p = Path(cfg.prompts)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prompts {p}: cannot read ({e.__class__.__name__}: {e})") from None
+    prompts = [ln for ln in lines if ln.strip()]
+    if not prompts:
+        raise UserError(f"--prompts {p}: no prompts (the file has no non-blank line)")
+    return prompts
