@@ -24,9 +24,10 @@ import time
 
 import torch
 
+from app.generation.decoder import Decoder
 from app.generation.sampling import SamplingConfig, sample_next
 from app.model.config import ModelConfig
-from app.model.lm import Decoder, InferenceModel
+from app.model.lm import InferenceModel
 
 
 def timed(fn) -> float:

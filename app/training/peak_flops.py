@@ -11,8 +11,9 @@ def measure_matmul_peak(
     dtype: torch.dtype, device: torch.device, n: int = 1024, seconds: float = 0.3
 ) -> float:
     """FLOP/s of an n x n x n product in `dtype` on `device` (best of a short burst)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    g = torch.Generator().manual_seed(0)  # its own: measuring must not move the training RNG streams
+    a = torch.randn(n, n, generator=g).to(device, dtype)
+    b = torch.randn(n, n, generator=g).to(device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.mm(a, b)
     sync()
