@@ -1,4 +1,4 @@
-"""Generation speed of the recurrent decoder (app.model.lm.Decoder), mid-size mLSTM, random weights.
+"""Generation speed of the recurrent decoder (app.generation.decoder.Decoder), mid-size mLSTM, random weights.
 
     .venv/bin/python bench/generate.py [--hidden 1024] [--repeats 5]
 

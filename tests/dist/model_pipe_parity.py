@@ -14,6 +14,11 @@ import argparse
 import gc
 import json
 import os
+import sys
+from pathlib import Path
+
+# Run as a script: import this checkout's app/, not whatever `app` an installed copy points at.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import deepspeed
 import torch
