@@ -53,8 +53,86 @@ class TokenStore:
         return self._values[c][off[j] : off[j + 1]]
 
 
+class EpochPlan:
+    """One epoch's micro-batches as flat arrays; `MicroBatch` objects are made only for the steps asked for.
+
+    Micro-batch `m` of the epoch holds examples `order[offsets[m]:offsets[m + 1]]`; filler micro-batches
+    are the empty ranges at the end. Indexing by step `k` gives that step's `per_step` micro-batches;
+    slicing gives a plan over those steps that shares the arrays.
+    """
+
+    __slots__ = ("num_bytes", "offsets", "order", "padded", "per_step", "steps", "tokens")
+
+    def __init__(
+        self,
+        order: np.ndarray,
+        offsets: np.ndarray,
+        tokens: np.ndarray,
+        num_bytes: np.ndarray,
+        padded: np.ndarray,
+        per_step: int,
+        steps: range | None = None,
+    ) -> None:
+        self.order = order  # (n,) example indices, micro-batch after micro-batch
+        self.offsets = offsets  # (M + 1,) micro-batch boundaries in `order`
+        self.tokens = tokens  # (M,) real target tokens per micro-batch
+        self.num_bytes = num_bytes  # (M,) UTF-8 bytes per micro-batch
+        self.padded = padded  # (M,) sequences * longest per micro-batch
+        self.per_step = per_step
+        self.steps = range((len(offsets) - 1) // per_step) if steps is None else steps
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the plan's arrays."""
+        return sum(a.nbytes for a in (self.order, self.offsets, self.tokens, self.num_bytes, self.padded))
+
+    def micro_batch(self, m: int) -> MicroBatch:
+        a, b = int(self.offsets[m]), int(self.offsets[m + 1])
+        return MicroBatch(
+            self.order[a:b].astype(np.int64), int(self.tokens[m]), int(self.num_bytes[m]), int(self.padded[m])
+        )
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return EpochPlan(
+                self.order,
+                self.offsets,
+                self.tokens,
+                self.num_bytes,
+                self.padded,
+                self.per_step,
+                self.steps[k],
+            )
+        s = self.steps[k]
+        return [self.micro_batch(m) for m in range(s * self.per_step, (s + 1) * self.per_step)]
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+
+def _index_dtype(n: int) -> type:
+    """int32 indexes up to 2**31 - 1 items and halves the plan's memory; int64 beyond."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _compact(a: np.ndarray) -> np.ndarray:
+    """`a` as int32 when every value fits, else unchanged (int64)."""
+    if len(a) == 0 or (a.max() < 2**31 and a.min() >= -(2**31)):
+        return a.astype(np.int32)
+    return a
+
+
 class BucketSchedule:
-    """Plans the micro-batches of every step of an epoch; a pure function of (seed, epoch)."""
+    """Plans the micro-batches of every step of an epoch; a pure function of (seed, epoch).
+
+    The plan of an epoch draws, from `default_rng([seed, epoch])`, one permutation of each bucket's
+    examples (buckets in order, ascending example index before shuffling), cuts each bucket into
+    micro-batches, then draws one permutation of the list of micro-batches. Checkpoints written by
+    earlier versions resume onto the same batches only while this order of draws stays as it is.
+    """
 
     def __init__(
         self,
@@ -77,10 +155,20 @@ class BucketSchedule:
         self.tokens_per_micro_batch = tokens_per_micro_batch
         self.shuffle = shuffle
         self.per_step = grad_accum * data_parallel
-        n_micro = sum(
-            -(-int(np.sum(store.buckets == b)) // self._batch_size(b)) for b in range(len(self.bounds))
-        )
-        self.steps_per_epoch = max(1, -(-n_micro // self.per_step))
+        # Examples grouped by bucket, ascending index within a bucket (what flatnonzero(buckets == b)
+        # gives per bucket), and each bucket's range in that array. Rows whose bucket is not one of
+        # `bounds` are in no micro-batch. A narrow key lets numpy's stable sort use radix sort.
+        nb = len(self.bounds)
+        buckets = store.buckets
+        key = np.where((buckets >= 0) & (buckets < nb), buckets, nb)
+        key = key.astype(np.int8 if nb < 127 else np.int16 if nb < 32767 else np.int64)
+        counts = np.bincount(key, minlength=nb + 1)[:nb]
+        self._bucket_starts = np.concatenate([[0], np.cumsum(counts)])  # (nb + 1,)
+        grouped = np.argsort(key, kind="stable")[: int(self._bucket_starts[-1])]
+        self._grouped = grouped.astype(_index_dtype(len(store)))  # (n_kept,)
+        sizes = np.array([self._batch_size(b) for b in range(nb)], dtype=np.int64)
+        self._n_micro = int(np.sum(-(-counts // sizes))) if nb else 0
+        self.steps_per_epoch = max(1, -(-self._n_micro // self.per_step))
 
     def _batch_size(self, bucket: int) -> int:
         if self.tokens_per_micro_batch:
@@ -99,27 +187,53 @@ class BucketSchedule:
             "seed": self.seed,
         }
 
-    def epoch(self, epoch: int) -> list[list[MicroBatch]]:
+    def epoch(self, epoch: int) -> EpochPlan:
         rng = np.random.default_rng([self.seed, epoch])
-        micro: list[np.ndarray] = []
+        grouped = self._grouped.copy() if self.shuffle else self._grouped
+        starts, lens = [], []
         for b in range(len(self.bounds)):
-            idx = np.flatnonzero(self.store.buckets == b)
+            lo, hi = int(self._bucket_starts[b]), int(self._bucket_starts[b + 1])
             if self.shuffle:
-                idx = rng.permutation(idx)
-            size = self._batch_size(b)
-            micro.extend(idx[i : i + size] for i in range(0, len(idx), size))
+                # In place on the bucket's range: the same draws, and result, as rng.permutation of it.
+                rng.shuffle(grouped[lo:hi])
+            s = np.arange(lo, hi, self._batch_size(b), dtype=np.int64)
+            starts.append(s)
+            lens.append(np.minimum(s + self._batch_size(b), hi) - s)
+        mb_start = np.concatenate(starts) if starts else np.zeros(0, np.int64)  # (M_real,) into grouped
+        mb_len = np.concatenate(lens) if lens else np.zeros(0, np.int64)  # (M_real,)
         if self.shuffle:
-            micro = [micro[i] for i in rng.permutation(len(micro))]
-        empty = np.zeros(0, dtype=np.int64)
-        micro.extend([empty] * (self.steps_per_epoch * self.per_step - len(micro)))
-        lengths, nbytes = self.store.lengths, self.store.num_bytes
-        mbs = [
-            MicroBatch(
-                m, int(lengths[m].sum()), int(nbytes[m].sum()), len(m) * int(lengths[m].max(initial=0))
-            )
-            for m in micro
-        ]
-        return [mbs[s * self.per_step : (s + 1) * self.per_step] for s in range(self.steps_per_epoch)]
+            perm = rng.permutation(len(mb_start))
+            mb_start, mb_len = mb_start[perm], mb_len[perm]
+        idx = grouped.dtype.type
+        offsets = np.zeros(self.steps_per_epoch * self.per_step + 1, dtype=np.int64)  # (M + 1,)
+        np.cumsum(mb_len, out=offsets[1 : len(mb_len) + 1])
+        offsets[len(mb_len) + 1 :] = offsets[len(mb_len)]  # fillers: empty ranges at the end
+        if self.shuffle:
+            # order[offsets[m] + i] = grouped[mb_start[m] + i]: one gather instead of a list of slices
+            n = len(grouped)
+            shift = (mb_start - offsets[: len(mb_len)]).astype(idx)  # (M_real,)
+            order = grouped[np.repeat(shift, mb_len) + np.arange(n, dtype=idx)]  # (n,)
+        else:
+            order = grouped
+        m_real, m_all = len(mb_len), len(offsets) - 1
+        tokens = np.zeros(m_all, np.int64)
+        nbytes = np.zeros(m_all, np.int64)
+        padded = np.zeros(m_all, np.int64)
+        if m_real:
+            first = offsets[:m_real]
+            lengths = self.store.lengths[order]  # (n,)
+            tokens[:m_real] = np.add.reduceat(lengths, first)
+            padded[:m_real] = mb_len * np.maximum.reduceat(lengths, first)
+            del lengths
+            nbytes[:m_real] = np.add.reduceat(self.store.num_bytes[order], first)
+        return EpochPlan(
+            order,
+            offsets.astype(idx),
+            _compact(tokens),
+            _compact(nbytes),
+            _compact(padded),
+            self.per_step,
+        )
 
     def for_rank(self, step: list[MicroBatch], dp_rank: int) -> list[MicroBatch]:
         return [step[j * self.data_parallel + dp_rank] for j in range(self.grad_accum)]
