@@ -56,40 +56,48 @@ class TokenStore:
 class EpochPlan:
     """One epoch's micro-batches as flat arrays; `MicroBatch` objects are made only for the steps asked for.
 
-    Micro-batch `m` of the epoch holds examples `order[offsets[m]:offsets[m + 1]]`; filler micro-batches
-    are the empty ranges at the end. Indexing by step `k` gives that step's `per_step` micro-batches;
-    slicing gives a plan over those steps that shares the arrays.
+    `order` is the split's examples grouped by bucket, each bucket shuffled; micro-batch `m` of the epoch
+    is `order[starts[m] : starts[m] + sizes[m]]` (fillers at the end have size 0). Keeping the grouped
+    order, rather than rewriting it micro-batch after micro-batch, saves a gather over every example.
+    Indexing by step `k` gives that step's `per_step` micro-batches; slicing gives a plan over those steps
+    that shares the arrays.
     """
 
-    __slots__ = ("num_bytes", "offsets", "order", "padded", "per_step", "steps", "tokens")
+    __slots__ = ("num_bytes", "order", "padded", "per_step", "sizes", "starts", "steps", "tokens")
 
     def __init__(
         self,
         order: np.ndarray,
-        offsets: np.ndarray,
+        starts: np.ndarray,
+        sizes: np.ndarray,
         tokens: np.ndarray,
         num_bytes: np.ndarray,
         padded: np.ndarray,
         per_step: int,
         steps: range | None = None,
     ) -> None:
-        self.order = order  # (n,) example indices, micro-batch after micro-batch
-        self.offsets = offsets  # (M + 1,) micro-batch boundaries in `order`
+        self.order = order  # (n,) example indices, by bucket
+        self.starts = starts  # (M,) first position in `order` of each micro-batch, in epoch order
+        self.sizes = sizes  # (M,) sequences per micro-batch
         self.tokens = tokens  # (M,) real target tokens per micro-batch
         self.num_bytes = num_bytes  # (M,) UTF-8 bytes per micro-batch
         self.padded = padded  # (M,) sequences * longest per micro-batch
         self.per_step = per_step
-        self.steps = range((len(offsets) - 1) // per_step) if steps is None else steps
+        self.steps = range(len(starts) // per_step) if steps is None else steps
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the plan's arrays."""
-        return sum(a.nbytes for a in (self.order, self.offsets, self.tokens, self.num_bytes, self.padded))
+        arrays = (self.order, self.starts, self.sizes, self.tokens, self.num_bytes, self.padded)
+        return sum(a.nbytes for a in arrays)
 
     def micro_batch(self, m: int) -> MicroBatch:
-        a, b = int(self.offsets[m]), int(self.offsets[m + 1])
+        a = int(self.starts[m])
         return MicroBatch(
-            self.order[a:b].astype(np.int64), int(self.tokens[m]), int(self.num_bytes[m]), int(self.padded[m])
+            self.order[a : a + int(self.sizes[m])].astype(np.int64),
+            int(self.tokens[m]),
+            int(self.num_bytes[m]),
+            int(self.padded[m]),
         )
 
     def __len__(self) -> int:
@@ -97,15 +105,8 @@ class EpochPlan:
 
     def __getitem__(self, k):
         if isinstance(k, slice):
-            return EpochPlan(
-                self.order,
-                self.offsets,
-                self.tokens,
-                self.num_bytes,
-                self.padded,
-                self.per_step,
-                self.steps[k],
-            )
+            arrays = (self.order, self.starts, self.sizes, self.tokens, self.num_bytes, self.padded)
+            return EpochPlan(*arrays, self.per_step, self.steps[k])
         s = self.steps[k]
         return [self.micro_batch(m) for m in range(s * self.per_step, (s + 1) * self.per_step)]
 
@@ -160,8 +161,8 @@ class BucketSchedule:
         # `bounds` are in no micro-batch. A narrow key lets numpy's stable sort use radix sort.
         nb = len(self.bounds)
         buckets = store.buckets
-        key = np.where((buckets >= 0) & (buckets < nb), buckets, nb)
-        key = key.astype(np.int8 if nb < 127 else np.int16 if nb < 32767 else np.int64)
+        key = np.full(len(buckets), nb, dtype=np.int8 if nb < 127 else np.int16 if nb < 32767 else np.int64)
+        np.copyto(key, buckets, casting="unsafe", where=(buckets >= 0) & (buckets < nb))
         counts = np.bincount(key, minlength=nb + 1)[:nb]
         self._bucket_starts = np.concatenate([[0], np.cumsum(counts)])  # (nb + 1,)
         grouped = np.argsort(key, kind="stable")[: int(self._bucket_starts[-1])]
@@ -169,6 +170,9 @@ class BucketSchedule:
         sizes = np.array([self._batch_size(b) for b in range(nb)], dtype=np.int64)
         self._n_micro = int(np.sum(-(-counts // sizes))) if nb else 0
         self.steps_per_epoch = max(1, -(-self._n_micro // self.per_step))
+
+    stats_block = 1 << 20
+    """Examples per block when the plan sums per-micro-batch statistics (bounds the temporary memory)."""
 
     def _batch_size(self, bucket: int) -> int:
         if self.tokens_per_micro_batch:
@@ -189,51 +193,58 @@ class BucketSchedule:
 
     def epoch(self, epoch: int) -> EpochPlan:
         rng = np.random.default_rng([self.seed, epoch])
-        grouped = self._grouped.copy() if self.shuffle else self._grouped
-        starts, lens = [], []
+        order = self._grouped.copy() if self.shuffle else self._grouped
+        starts, sizes = [], []
         for b in range(len(self.bounds)):
             lo, hi = int(self._bucket_starts[b]), int(self._bucket_starts[b + 1])
             if self.shuffle:
                 # In place on the bucket's range: the same draws, and result, as rng.permutation of it.
-                rng.shuffle(grouped[lo:hi])
+                rng.shuffle(order[lo:hi])
             s = np.arange(lo, hi, self._batch_size(b), dtype=np.int64)
             starts.append(s)
-            lens.append(np.minimum(s + self._batch_size(b), hi) - s)
-        mb_start = np.concatenate(starts) if starts else np.zeros(0, np.int64)  # (M_real,) into grouped
-        mb_len = np.concatenate(lens) if lens else np.zeros(0, np.int64)  # (M_real,)
+            sizes.append(np.minimum(s + self._batch_size(b), hi) - s)
+        # Micro-batches before the shuffle tile `order`: micro-batch i is order[start[i] : start[i + 1]].
+        start = np.concatenate([*starts, np.zeros(0, np.int64)])  # (M_real,)
+        size = np.concatenate([*sizes, np.zeros(0, np.int64)])  # (M_real,)
+        tokens, nbytes, padded = self._stats(order, start, size)
         if self.shuffle:
-            perm = rng.permutation(len(mb_start))
-            mb_start, mb_len = mb_start[perm], mb_len[perm]
-        idx = grouped.dtype.type
-        offsets = np.zeros(self.steps_per_epoch * self.per_step + 1, dtype=np.int64)  # (M + 1,)
-        np.cumsum(mb_len, out=offsets[1 : len(mb_len) + 1])
-        offsets[len(mb_len) + 1 :] = offsets[len(mb_len)]  # fillers: empty ranges at the end
-        if self.shuffle:
-            # order[offsets[m] + i] = grouped[mb_start[m] + i]: one gather instead of a list of slices
-            n = len(grouped)
-            shift = (mb_start - offsets[: len(mb_len)]).astype(idx)  # (M_real,)
-            order = grouped[np.repeat(shift, mb_len) + np.arange(n, dtype=idx)]  # (n,)
-        else:
-            order = grouped
-        m_real, m_all = len(mb_len), len(offsets) - 1
-        tokens = np.zeros(m_all, np.int64)
-        nbytes = np.zeros(m_all, np.int64)
-        padded = np.zeros(m_all, np.int64)
-        if m_real:
-            first = offsets[:m_real]
-            lengths = self.store.lengths[order]  # (n,)
-            tokens[:m_real] = np.add.reduceat(lengths, first)
-            padded[:m_real] = mb_len * np.maximum.reduceat(lengths, first)
-            del lengths
-            nbytes[:m_real] = np.add.reduceat(self.store.num_bytes[order], first)
+            perm = rng.permutation(len(start))
+            start, size, tokens, nbytes, padded = (a[perm] for a in (start, size, tokens, nbytes, padded))
+        fill = self.steps_per_epoch * self.per_step - len(start)  # empty micro-batches ending the epoch
+
+        def padded_out(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.zeros(fill, a.dtype)])
+
+        idx = order.dtype.type
         return EpochPlan(
             order,
-            offsets.astype(idx),
-            _compact(tokens),
-            _compact(nbytes),
-            _compact(padded),
+            padded_out(start.astype(idx)),
+            padded_out(size.astype(idx)),
+            padded_out(tokens),
+            padded_out(nbytes),
+            padded_out(padded),
             self.per_step,
         )
+
+    def _stats(self, order: np.ndarray, start: np.ndarray, size: np.ndarray):
+        """tokens, bytes, padded positions of tiling micro-batches; a block of examples at a time, so the
+        per-example gathers stay small whatever the split's size."""
+        tokens, nbytes, padded = (np.zeros(len(start), np.int64) for _ in range(3))
+        block = self.stats_block
+        edges = (
+            np.searchsorted(start, np.arange(0, len(order), block)) if len(start) else []
+        )  # micro-batch where each block starts
+        for i, j in zip(edges, [*edges[1:], len(start)], strict=False):
+            if i == j:
+                continue
+            a, b = int(start[i]), int(start[j - 1] + size[j - 1])
+            rel = start[i:j] - a  # (mbs,) positions in the block
+            rows = order[a:b]  # (examples,)
+            lengths = self.store.lengths[rows]
+            tokens[i:j] = np.add.reduceat(lengths, rel)
+            padded[i:j] = size[i:j] * np.maximum.reduceat(lengths, rel)
+            nbytes[i:j] = np.add.reduceat(self.store.num_bytes[rows], rel)
+        return _compact(tokens), _compact(nbytes), _compact(padded)
 
     def for_rank(self, step: list[MicroBatch], dp_rank: int) -> list[MicroBatch]:
         return [step[j * self.data_parallel + dp_rank] for j in range(self.grad_accum)]
