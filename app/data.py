@@ -206,23 +206,25 @@ class BucketSchedule:
         # Micro-batches before the shuffle tile `order`: micro-batch i is order[start[i] : start[i + 1]].
         start = np.concatenate([*starts, np.zeros(0, np.int64)])  # (M_real,)
         size = np.concatenate([*sizes, np.zeros(0, np.int64)])  # (M_real,)
+        # Statistics while the micro-batches still tile `order` (reduceat over contiguous ranges), then
+        # everything is permuted together.
         tokens, nbytes, padded = self._stats(order, start, size)
         if self.shuffle:
             perm = rng.permutation(len(start))
             start, size, tokens, nbytes, padded = (a[perm] for a in (start, size, tokens, nbytes, padded))
         fill = self.steps_per_epoch * self.per_step - len(start)  # empty micro-batches ending the epoch
 
-        def padded_out(a: np.ndarray) -> np.ndarray:
+        def with_fillers(a: np.ndarray) -> np.ndarray:
             return np.concatenate([a, np.zeros(fill, a.dtype)])
 
         idx = order.dtype.type
         return EpochPlan(
             order,
-            padded_out(start.astype(idx)),
-            padded_out(size.astype(idx)),
-            padded_out(tokens),
-            padded_out(nbytes),
-            padded_out(padded),
+            with_fillers(start.astype(idx)),
+            with_fillers(size.astype(idx)),
+            with_fillers(tokens),
+            with_fillers(nbytes),
+            with_fillers(padded),
             self.per_step,
         )
 
@@ -231,11 +233,12 @@ class BucketSchedule:
         per-example gathers stay small whatever the split's size."""
         tokens, nbytes, padded = (np.zeros(len(start), np.int64) for _ in range(3))
         block = self.stats_block
-        edges = (
-            np.searchsorted(start, np.arange(0, len(order), block)) if len(start) else []
-        )  # micro-batch where each block starts
-        for i, j in zip(edges, [*edges[1:], len(start)], strict=False):
-            if i == j:
+        # The first micro-batch starting at or after each block boundary; a micro-batch that straddles a
+        # boundary belongs to the block it starts in.
+        edges = np.searchsorted(start, np.arange(0, len(order), block)).tolist()
+        ends = [*edges[1:], len(start)] if edges else []
+        for i, j in zip(edges, ends, strict=True):
+            if i == j:  # no micro-batch starts in this block
                 continue
             a, b = int(start[i]), int(start[j - 1] + size[j - 1])
             rel = start[i:j] - a  # (mbs,) positions in the block
