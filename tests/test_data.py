@@ -1,10 +1,14 @@
-"""Bucketed batch planning: coverage, bucket purity, disjoint ranks, determinism, filler steps, collation."""
+"""Bucketed batch planning: coverage, bucket purity, disjoint ranks, determinism, filler steps, collation,
+and bit-identity of the flat-array plan with the list-of-objects planner it replaced (kept below as the
+reference), so runs started before the change resume onto the same batches."""
+
+import functools
 
 import numpy as np
 import pytest
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset, Features, Sequence, Value, concatenate_datasets
 
-from app.training.batching import IGNORE_INDEX, BucketSchedule, TokenStore, collate
+from app.training.batching import IGNORE_INDEX, BucketSchedule, MicroBatch, TokenStore, collate
 
 BOUNDS = [4, 8, 16]
 
@@ -114,3 +118,116 @@ def test_filler_micro_batch_has_no_targets(split):
     assert fillers, "203 examples in micro-batches of 64 cannot fill 6 per step"
     _, y = collate(store, fillers[0], bos_id=2, pad_id=0)
     assert (y == IGNORE_INDEX).all() and fillers[0].tokens == 0
+
+
+def reference_epoch(store, bounds, *, micro_batch, grad_accum, data_parallel, seed, tpmb, shuffle, epoch):
+    """The planner before the flat-array plan, verbatim: one MicroBatch per micro-batch of the epoch."""
+    per_step = grad_accum * data_parallel
+
+    def size(b):
+        return max(1, tpmb // bounds[b]) if tpmb else micro_batch
+
+    n_micro = sum(-(-int(np.sum(store.buckets == b)) // size(b)) for b in range(len(bounds)))
+    steps_per_epoch = max(1, -(-n_micro // per_step))
+    rng = np.random.default_rng([seed, epoch])
+    micro = []
+    for b in range(len(bounds)):
+        idx = np.flatnonzero(store.buckets == b)
+        if shuffle:
+            idx = rng.permutation(idx)
+        micro.extend(idx[i : i + size(b)] for i in range(0, len(idx), size(b)))
+    if shuffle:
+        micro = [micro[i] for i in rng.permutation(len(micro))]
+    empty = np.zeros(0, dtype=np.int64)
+    micro.extend([empty] * (steps_per_epoch * per_step - len(micro)))
+    lengths, nbytes = store.lengths, store.num_bytes
+    mbs = [
+        MicroBatch(m, int(lengths[m].sum()), int(nbytes[m].sum()), len(m) * int(lengths[m].max(initial=0)))
+        for m in micro
+    ]
+    return [mbs[s * per_step : (s + 1) * per_step] for s in range(steps_per_epoch)]
+
+
+@functools.cache
+def random_store(n: int, n_buckets: int, seed: int) -> TokenStore:
+    """A real split of n random rows; lengths 1..64, bytes uncorrelated with lengths, skewed buckets."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 65, size=n)
+    bucket = np.minimum(rng.geometric(0.3, size=n) - 1, n_buckets - 1)
+    flat = rng.integers(3, 1000, size=int(lengths.sum()), dtype=np.int32)
+    ids = np.split(flat, np.cumsum(lengths)[:-1]) if n else []
+    features = Features(
+        {
+            "input_ids": Sequence(Value("int32")),
+            "length": Value("int32"),
+            "num_bytes": Value("int64"),
+            "bucket": Value("int32"),
+        }
+    )
+    cols = {
+        "input_ids": [a.tolist() for a in ids],
+        "length": lengths.tolist(),
+        "num_bytes": rng.integers(1, 400, size=n).tolist(),
+        "bucket": bucket.tolist(),
+    }
+    return TokenStore(Dataset.from_dict(cols, features=features))
+
+
+# (examples, buckets in the data, bounds given, micro_batch, grad_accum, data_parallel, tokens_per_micro_batch)
+PLANS = [
+    (997, 5, 5, 4, 3, 2, 0),
+    (997, 5, 5, 1, 1, 1, 0),
+    (997, 5, 5, 7, 2, 4, 0),
+    (997, 5, 5, 4, 2, 2, 100),
+    (640, 5, 3, 8, 1, 2, 0),  # rows of buckets 3 and 4 lie outside the bounds: in no micro-batch
+    (50, 3, 3, 16, 4, 4, 0),  # fewer micro-batches than one step: the only step is mostly filler
+    (0, 3, 3, 4, 2, 2, 0),  # an empty split: one step of fillers
+    (3000, 300, 300, 2, 3, 2, 0),  # more buckets than an int8 sort key holds
+]
+
+
+@pytest.mark.parametrize("stats_block", [1 << 20, 5])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("case", PLANS, ids=[f"plan{i}" for i in range(len(PLANS))])
+def test_plan_is_bit_identical_to_reference_planner(case, shuffle, stats_block):
+    n, n_buckets, n_bounds, mb, ga, dp, tpmb = case
+    store = random_store(n, n_buckets, seed=1000 + n + n_buckets)
+    bounds = sorted(np.random.default_rng(n).choice(np.arange(8, 4096), n_bounds, replace=False).tolist())
+    fillers = 0
+    for seed, epoch in [(7, 0), (7, 3), (123456789, 1)]:
+        s = BucketSchedule(
+            store, bounds, micro_batch=mb, grad_accum=ga, data_parallel=dp, seed=seed,
+            tokens_per_micro_batch=tpmb, shuffle=shuffle,
+        )  # fmt: skip
+        s.stats_block = stats_block  # 5: statistics summed over many blocks, micro-batches straddling them
+        ref = reference_epoch(
+            store, bounds, micro_batch=mb, grad_accum=ga, data_parallel=dp, seed=seed, tpmb=tpmb,
+            shuffle=shuffle, epoch=epoch,
+        )  # fmt: skip
+        plan = s.epoch(epoch)
+        assert len(plan) == len(ref) == s.steps_per_epoch
+        for k in range(len(ref)):
+            got = plan[k]
+            assert len(got) == len(ref[k]) == ga * dp
+            for g, r in zip(got, ref[k], strict=True):
+                assert g.indices.dtype == np.int64
+                assert np.array_equal(g.indices, r.indices)
+                assert (g.tokens, g.num_bytes, g.padded) == (r.tokens, r.num_bytes, r.padded)
+                fillers += len(r.indices) == 0
+            for rank in range(dp):
+                mine, theirs = s.for_rank(got, rank), s.for_rank(ref[k], rank)
+                assert [m.indices.tolist() for m in mine] == [m.indices.tolist() for m in theirs]
+    if case[0] in (50, 0):
+        assert fillers, "the case exists to cover filler micro-batches"
+
+
+def test_plan_slices_share_arrays_and_match_steps(split):
+    store = TokenStore(split)
+    plan = sched(store, micro_batch=2, grad_accum=1, data_parallel=1).epoch(2)
+    head = plan[:5]
+    assert len(head) == 5 and head.order is plan.order
+    assert [mb.indices.tolist() for st in head for mb in st] == [
+        mb.indices.tolist() for k in range(5) for mb in plan[k]
+    ]
+    assert [mb.indices.tolist() for mb in plan[-1]] == [mb.indices.tolist() for mb in list(plan)[-1]]
+    assert plan.order.dtype == plan.starts.dtype == plan.sizes.dtype == np.int32

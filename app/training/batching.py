@@ -53,8 +53,87 @@ class TokenStore:
         return self._values[c][off[j] : off[j + 1]]
 
 
+class EpochPlan:
+    """One epoch's micro-batches as flat arrays; `MicroBatch` objects are made only for the steps asked for.
+
+    `order` is the split's examples grouped by bucket, each bucket shuffled; micro-batch `m` of the epoch
+    is `order[starts[m] : starts[m] + sizes[m]]` (fillers at the end have size 0). Keeping the grouped
+    order, rather than rewriting it micro-batch after micro-batch, saves a gather over every example.
+    Indexing by step `k` gives that step's `per_step` micro-batches; slicing gives a plan over those steps
+    that shares the arrays.
+    """
+
+    __slots__ = ("num_bytes", "order", "padded", "per_step", "sizes", "starts", "steps", "tokens")
+
+    def __init__(
+        self,
+        order: np.ndarray,
+        starts: np.ndarray,
+        sizes: np.ndarray,
+        tokens: np.ndarray,
+        num_bytes: np.ndarray,
+        padded: np.ndarray,
+        per_step: int,
+        steps: range | None = None,
+    ) -> None:
+        self.order = order  # (n,) example indices, by bucket
+        self.starts = starts  # (M,) first position in `order` of each micro-batch, in epoch order
+        self.sizes = sizes  # (M,) sequences per micro-batch
+        self.tokens = tokens  # (M,) real target tokens per micro-batch
+        self.num_bytes = num_bytes  # (M,) UTF-8 bytes per micro-batch
+        self.padded = padded  # (M,) sequences * longest per micro-batch
+        self.per_step = per_step
+        self.steps = range(len(starts) // per_step) if steps is None else steps
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the plan's arrays."""
+        arrays = (self.order, self.starts, self.sizes, self.tokens, self.num_bytes, self.padded)
+        return sum(a.nbytes for a in arrays)
+
+    def micro_batch(self, m: int) -> MicroBatch:
+        a = int(self.starts[m])
+        return MicroBatch(
+            self.order[a : a + int(self.sizes[m])].astype(np.int64),
+            int(self.tokens[m]),
+            int(self.num_bytes[m]),
+            int(self.padded[m]),
+        )
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            arrays = (self.order, self.starts, self.sizes, self.tokens, self.num_bytes, self.padded)
+            return EpochPlan(*arrays, self.per_step, self.steps[k])
+        s = self.steps[k]
+        return [self.micro_batch(m) for m in range(s * self.per_step, (s + 1) * self.per_step)]
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+
+def _index_dtype(n: int) -> type:
+    """int32 indexes up to 2**31 - 1 items and halves the plan's memory; int64 beyond."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _compact(a: np.ndarray) -> np.ndarray:
+    """`a` as int32 when every value fits, else unchanged (int64)."""
+    if len(a) == 0 or (a.max() < 2**31 and a.min() >= -(2**31)):
+        return a.astype(np.int32)
+    return a
+
+
 class BucketSchedule:
-    """Plans the micro-batches of every step of an epoch; a pure function of (seed, epoch)."""
+    """Plans the micro-batches of every step of an epoch; a pure function of (seed, epoch).
+
+    The plan of an epoch draws, from `default_rng([seed, epoch])`, one permutation of each bucket's
+    examples (buckets in order, ascending example index before shuffling), cuts each bucket into
+    micro-batches, then draws one permutation of the list of micro-batches. Checkpoints written by
+    earlier versions resume onto the same batches only while this order of draws stays as it is.
+    """
 
     def __init__(
         self,
@@ -77,10 +156,23 @@ class BucketSchedule:
         self.tokens_per_micro_batch = tokens_per_micro_batch
         self.shuffle = shuffle
         self.per_step = grad_accum * data_parallel
-        n_micro = sum(
-            -(-int(np.sum(store.buckets == b)) // self._batch_size(b)) for b in range(len(self.bounds))
-        )
-        self.steps_per_epoch = max(1, -(-n_micro // self.per_step))
+        # Examples grouped by bucket, ascending index within a bucket (what flatnonzero(buckets == b)
+        # gives per bucket), and each bucket's range in that array. Rows whose bucket is not one of
+        # `bounds` are in no micro-batch. A narrow key lets numpy's stable sort use radix sort.
+        nb = len(self.bounds)
+        buckets = store.buckets
+        key = np.full(len(buckets), nb, dtype=np.int8 if nb < 127 else np.int16 if nb < 32767 else np.int64)
+        np.copyto(key, buckets, casting="unsafe", where=(buckets >= 0) & (buckets < nb))
+        counts = np.bincount(key, minlength=nb + 1)[:nb]
+        self._bucket_starts = np.concatenate([[0], np.cumsum(counts)])  # (nb + 1,)
+        grouped = np.argsort(key, kind="stable")[: int(self._bucket_starts[-1])]
+        self._grouped = grouped.astype(_index_dtype(len(store)))  # (n_kept,)
+        sizes = np.array([self._batch_size(b) for b in range(nb)], dtype=np.int64)
+        self._n_micro = int(np.sum(-(-counts // sizes))) if nb else 0
+        self.steps_per_epoch = max(1, -(-self._n_micro // self.per_step))
+
+    stats_block = 1 << 20
+    """Examples per block when the plan sums per-micro-batch statistics (bounds the temporary memory)."""
 
     def _batch_size(self, bucket: int) -> int:
         if self.tokens_per_micro_batch:
@@ -99,27 +191,63 @@ class BucketSchedule:
             "seed": self.seed,
         }
 
-    def epoch(self, epoch: int) -> list[list[MicroBatch]]:
+    def epoch(self, epoch: int) -> EpochPlan:
         rng = np.random.default_rng([self.seed, epoch])
-        micro: list[np.ndarray] = []
+        order = self._grouped.copy() if self.shuffle else self._grouped
+        starts, sizes = [], []
         for b in range(len(self.bounds)):
-            idx = np.flatnonzero(self.store.buckets == b)
+            lo, hi = int(self._bucket_starts[b]), int(self._bucket_starts[b + 1])
             if self.shuffle:
-                idx = rng.permutation(idx)
-            size = self._batch_size(b)
-            micro.extend(idx[i : i + size] for i in range(0, len(idx), size))
+                # In place on the bucket's range: the same draws, and result, as rng.permutation of it.
+                rng.shuffle(order[lo:hi])
+            s = np.arange(lo, hi, self._batch_size(b), dtype=np.int64)
+            starts.append(s)
+            sizes.append(np.minimum(s + self._batch_size(b), hi) - s)
+        # Micro-batches before the shuffle tile `order`: micro-batch i is order[start[i] : start[i + 1]].
+        start = np.concatenate([*starts, np.zeros(0, np.int64)])  # (M_real,)
+        size = np.concatenate([*sizes, np.zeros(0, np.int64)])  # (M_real,)
+        # Statistics while the micro-batches still tile `order` (reduceat over contiguous ranges), then
+        # everything is permuted together.
+        tokens, nbytes, padded = self._stats(order, start, size)
         if self.shuffle:
-            micro = [micro[i] for i in rng.permutation(len(micro))]
-        empty = np.zeros(0, dtype=np.int64)
-        micro.extend([empty] * (self.steps_per_epoch * self.per_step - len(micro)))
-        lengths, nbytes = self.store.lengths, self.store.num_bytes
-        mbs = [
-            MicroBatch(
-                m, int(lengths[m].sum()), int(nbytes[m].sum()), len(m) * int(lengths[m].max(initial=0))
-            )
-            for m in micro
-        ]
-        return [mbs[s * self.per_step : (s + 1) * self.per_step] for s in range(self.steps_per_epoch)]
+            perm = rng.permutation(len(start))
+            start, size, tokens, nbytes, padded = (a[perm] for a in (start, size, tokens, nbytes, padded))
+        fill = self.steps_per_epoch * self.per_step - len(start)  # empty micro-batches ending the epoch
+
+        def with_fillers(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.zeros(fill, a.dtype)])
+
+        idx = order.dtype.type
+        return EpochPlan(
+            order,
+            with_fillers(start.astype(idx)),
+            with_fillers(size.astype(idx)),
+            with_fillers(tokens),
+            with_fillers(nbytes),
+            with_fillers(padded),
+            self.per_step,
+        )
+
+    def _stats(self, order: np.ndarray, start: np.ndarray, size: np.ndarray):
+        """tokens, bytes, padded positions of tiling micro-batches; a block of examples at a time, so the
+        per-example gathers stay small whatever the split's size."""
+        tokens, nbytes, padded = (np.zeros(len(start), np.int64) for _ in range(3))
+        block = self.stats_block
+        # The first micro-batch starting at or after each block boundary; a micro-batch that straddles a
+        # boundary belongs to the block it starts in.
+        edges = np.searchsorted(start, np.arange(0, len(order), block)).tolist()
+        ends = [*edges[1:], len(start)] if edges else []
+        for i, j in zip(edges, ends, strict=True):
+            if i == j:  # no micro-batch starts in this block
+                continue
+            a, b = int(start[i]), int(start[j - 1] + size[j - 1])
+            rel = start[i:j] - a  # (mbs,) positions in the block
+            rows = order[a:b]  # (examples,)
+            lengths = self.store.lengths[rows]
+            tokens[i:j] = np.add.reduceat(lengths, rel)
+            padded[i:j] = size[i:j] * np.maximum.reduceat(lengths, rel)
+            nbytes[i:j] = np.add.reduceat(self.store.num_bytes[rows], rel)
+        return _compact(tokens), _compact(nbytes), _compact(padded)
 
     def for_rank(self, step: list[MicroBatch], dp_rank: int) -> list[MicroBatch]:
         return [step[j * self.data_parallel + dp_rank] for j in range(self.grad_accum)]
