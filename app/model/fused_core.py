@@ -58,7 +58,7 @@ def _build() -> None:
     # -fno-trapping-math lets GCC if-convert the clamps/selects in the activations so the loops
     # vectorise; it changes no result (we never enable FP traps).
     load(
-        name="mlstm_cpu_v2",
+        name="mlstm_cpu_v3",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],

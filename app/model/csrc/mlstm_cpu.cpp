@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -191,6 +192,10 @@ MLSTM_BIND(f32, F32, F32)
 MLSTM_BIND(bf16, BF16, F32)
 MLSTM_BIND(f64, F64, F64)
 
+// Each elementwise pass shows in torch.profiler under this name (bench/mlstm_layer.py counts kernels
+// per step from it); costs a flag check when no profiler runs.
+#define MLSTM_RECORD(NAME) RECORD_FUNCTION(NAME, c10::ArrayRef<const c10::IValue>{})
+
 // Rows per parallel chunk: the elementwise pass goes to several threads only when a chunk has enough
 // work (~16K gate elements) to pay for waking them; at the small model (B16, H256) it stays on one.
 int64_t grain_rows(int64_t H) { return std::max<int64_t>(1, 16384 / (4 * H)); }
@@ -240,9 +245,13 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& pm, const at::Tensor& pg,
     auto r = rs.select(0, t);
     if (dnn_r) r.copy_(onednn_linear(hs.select(0, t), w_mh));  // kept for backward
     else at::mm_out(r, hs.select(0, t), w_mh.t());             // (B, H)
-    K::fm(n, pm_p + t * n, rs_p + t * n, ms_p + t * n);
+    {
+      MLSTM_RECORD("mlstm_cpu::fwd_m");
+      K::fm(n, pm_p + t * n, rs_p + t * n, ms_p + t * n);
+    }
     auto q = lin(gmm, ms.select(0, t), w_m, dnn_g).contiguous();  // (B, 4H)
     auto* q_p = reinterpret_cast<const typename C::T*>(q.data_ptr());
+    MLSTM_RECORD("mlstm_cpu::fwd_gates");
     at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
       K::fg(b0, b1, H, pg_p + t * 4 * n, q_p, g_p + t * 4 * n, cs_p + t * n, cs_p + (t + 1) * n,
             tcs_p + t * n, hs_p + (t + 1) * n);
@@ -278,13 +287,19 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dyt, const at::Tensor& g
   at::Tensor dh_in = dhn;  // dL/dh_t arriving from step t+1 (zero at the last step)
   for (int64_t t = T - 1; t >= 0; --t) {
     auto* dhn_p = reinterpret_cast<const typename C::T*>(dh_in.data_ptr());
-    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-      K::bg(b0, b1, H, dy_p + t * n, dhn_p, g_p + t * 4 * n, cs_p + t * n, tcs_p + t * n, dc_p,
-            dG_p + t * 4 * n);
-    });
+    {
+      MLSTM_RECORD("mlstm_cpu::bwd_gates");
+      at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+        K::bg(b0, b1, H, dy_p + t * n, dhn_p, g_p + t * 4 * n, cs_p + t * n, tcs_p + t * n, dc_p,
+              dG_p + t * 4 * n);
+      });
+    }
     auto dmt = lin(dm, dG.select(0, t), w_m_t, dnn_m).contiguous();  // (B, 4H) @ W_m -> (B, H)
-    K::bm(n, reinterpret_cast<const typename C::T*>(dmt.data_ptr()), rs_p + t * n, pm_p + t * n, dPm_p + t * n,
-          dR_p + t * n);
+    {
+      MLSTM_RECORD("mlstm_cpu::bwd_m");
+      K::bm(n, reinterpret_cast<const typename C::T*>(dmt.data_ptr()), rs_p + t * n, pm_p + t * n,
+            dPm_p + t * n, dR_p + t * n);
+    }
     if (t > 0) dh_in = lin(dhn, dR.select(0, t), w_mh_t, dnn_h).contiguous();  // (B, H) @ W_mh -> (B, H)
   }
   return {dG, dPm, dR};
