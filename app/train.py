@@ -37,6 +37,7 @@ from app.evaluation import evaluate
 from app.flops import measure_matmul_peak
 from app.logs import setup_logging
 from app.model.config import ModelConfig, flops_per_token
+from app.precision import check_precision
 from app.presets import load_model_config
 from app.runtime import init_distributed, seed_everything, set_threads
 from app.tracking import Tracker, resolve_wandb_mode
@@ -104,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     threads = set_threads()
     layout = resolve_layout(ds_json, world, cfg.pipeline_stages, src=f"--deepspeed_config {ds_path}")
+    if rank == 0:
+        check_precision(
+            layout.precision,
+            "cuda" if torch.cuda.is_available() else "cpu",
+            f"--deepspeed_config {ds_path}",
+            log,
+        )
     if layout.zero_stage == 0 and layout.precision != "fp16":
         raise UserError(
             f"--deepspeed_config {ds_path}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for "
