@@ -18,7 +18,7 @@ def check_precision(precision: str, device_type: str, source: str, log: logging.
     if precision != "bf16" or device_type != "cpu" or bf16_is_native():
         return True
     log.warning(
-        "%s enables bf16, but this CPU emulates bf16 products (measured slower than fp32): training will be "
+        "%s enables bf16, but this CPU has no native bf16 (oneDNN emulates it, measured slower than fp32): training will be "
         "slow; use an fp32 config such as ds_configs/cpu_pp2_zero1.json",
         source,
     )

@@ -19,4 +19,4 @@ def test_bf16_flagged_exactly_when_emulated(caplog):
     assert sound == native
     assert bool(caplog.records) == (not native)
     if not native:
-        assert "cfg.json enables bf16, but this CPU emulates bf16" in caplog.records[0].getMessage()
+        assert "cfg.json enables bf16, but this CPU has no native bf16" in caplog.records[0].getMessage()
