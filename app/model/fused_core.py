@@ -57,8 +57,10 @@ def _build() -> None:
 
     # -fno-trapping-math lets GCC if-convert the clamps/selects in the activations so the loops
     # vectorise; it changes no result (we never enable FP traps).
+    # The name carries the torch version: a cached build against another torch's ABI is never reused.
+    tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
     load(
-        name="mlstm_cpu_v3",
+        name=f"mlstm_cpu_v3_torch{tv}",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],
