@@ -62,7 +62,7 @@ def ds_run(
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode:
-        sys.exit(f"deepspeed run failed:\n{p.stderr[-4000:]}")
+        raise RuntimeError(f"deepspeed run failed:\n{p.stderr[-4000:]}")
     recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     tps = [r["train/tokens_per_s"] for r in recs if "train/tokens_per_s" in r]
     return tps[1:]
@@ -162,16 +162,27 @@ def main() -> None:
             return ds_run(nprocs, stages, *files, args.steps, args.threads)
 
         samples: dict[str, list[float]] = {f"ds_p1_{c}": [] for c in cores} | {"plain": [], "ds_p2": []}
+        unavailable: dict[str, str] = {}  # a core this machine cannot run (e.g. fused without a compiler)
         for rnd in range(args.rounds):
             if "ds_p1" in runs:
                 for c in cores:
-                    samples[f"ds_p1_{c}"] += run(1, 1, rnd, c)
-            if "plain" in runs:
-                samples["plain"] += plain_run(
-                    tmp / "data", model_of[cores[0]], ds_cfg, args.steps, args.threads
-                )
-            if "ds_p2" in runs:
-                samples["ds_p2"] += run(2, 2, rnd, cores[0])
+                    if c in unavailable:
+                        continue
+                    try:
+                        samples[f"ds_p1_{c}"] += run(1, 1, rnd, c)
+                    except RuntimeError as e:
+                        if len(cores) == 1:
+                            sys.exit(str(e))
+                        unavailable[c] = str(e).strip().splitlines()[-1][:300]
+            try:  # runs 2 and 3 use the first core: without it there is nothing to compare
+                if "plain" in runs:
+                    samples["plain"] += plain_run(
+                        tmp / "data", model_of[cores[0]], ds_cfg, args.steps, args.threads
+                    )
+                if "ds_p2" in runs:
+                    samples["ds_p2"] += run(2, 2, rnd, cores[0])
+            except RuntimeError as e:
+                sys.exit(f"--core {cores[0]}: {e}")
         med = {k: statistics.median(v) if v else None for k, v in samples.items()}
         ds_p1, plain, ds_p2 = med[f"ds_p1_{cores[0]}"], med["plain"], med["ds_p2"]
         # The split the P = 2 run used (--partition-method time: measured layer times) and its balance.
@@ -206,8 +217,10 @@ def main() -> None:
         result["stage_layers"] = [list(range(a, b)) for a, b in itertools.pairwise(parts)]
         result["stage_time_balance"] = round(min(stage_costs) / max(stage_costs), 3)
     for c in cores:
-        result[f"tokens_per_s_ds_p1_{c}"] = r(med[f"ds_p1_{c}"], 1)
-    if "fused" in cores and "python" in cores:
+        result[f"tokens_per_s_ds_p1_{c}"] = (
+            f"unavailable: {unavailable[c]}" if c in unavailable else r(med[f"ds_p1_{c}"], 1)
+        )
+    if "fused" in cores and "python" in cores and not set(unavailable) & {"fused", "python"}:
         result["fused_vs_python"] = r(div(med["ds_p1_fused"], med["ds_p1_python"]))
         # every step's ratio range, for the spread on a shared machine
         f, p = samples["ds_p1_fused"], samples["ds_p1_python"]
