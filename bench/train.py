@@ -1,11 +1,15 @@
 """End-to-end training throughput on CPU, measured side by side in one run. JSON line last.
 
     python bench/train.py [--steps 6] [--rounds 2] [--threads 1] [--model '{"embed_dim": 256, ...}']
+                          [--core fused,python] [--runs ds_p1,plain,ds_p2]
 
 1. DeepSpeed, P = 1, one process         (`deepspeed app/train.py ... --pipeline-stages 1`)
 2. a minimal plain-PyTorch loop          (same model, data order, micro-batches, AdamW, clipping; in process)
 3. DeepSpeed, P = 2 on two processes     (`deepspeed app/train.py ... --pipeline-stages 2`)
-All with the same threads per process. The three runs are repeated `--rounds` times, interleaved, so
+All with the same threads per process. With several `--core`s (the mLSTM time loop: fused C++ or the
+Python loop) run 1 is repeated per core and `fused_vs_python` = fused / python DS P=1 tokens/s; runs 2
+and 3 use the first core. `--runs` picks which runs to make (`pipeline_*` / `vs_plain_torch` need
+them). The runs are repeated `--rounds` times, interleaved, so
 machine noise hits all of them alike; tokens/s is the median over every step after each run's first.
 vs_plain_torch = DS P=1 / plain, pipeline_speedup = P=2 / P=1 beside the bubble-limited ideal
 P * M / (M + P - 1) for M micro-batches, and MFU against the measured fp32 matmul peak.
@@ -58,13 +62,20 @@ def ds_run(
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode:
-        sys.exit(f"deepspeed run failed:\n{p.stderr[-4000:]}")
+        raise RuntimeError(f"deepspeed run failed:\n{p.stderr[-4000:]}")
     recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     tps = [r["train/tokens_per_s"] for r in recs if "train/tokens_per_s" in r]
     return tps[1:]
 
 
 def plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -> list[float]:
+    import torch
+
+    torch.set_num_threads(threads)
+    return _plain_run(data, model, ds_cfg, steps)
+
+
+def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int) -> list[float]:
     """The same training step written directly in PyTorch, no DeepSpeed."""
     import torch
 
@@ -75,7 +86,6 @@ def plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -
     from app.training.schedule import lr_multiplier
     from data_prep.format import load_prepared
 
-    torch.set_num_threads(threads)
     data_ = load_prepared(data)
     tok = data_.meta["tokenizer"]
     store = TokenStore(data_.split("train"))
@@ -116,7 +126,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="threads per process (2 processes run for P = 2)")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--grad-accum", type=int, default=8, help="M, the micro-batches per step")
+    ap.add_argument(
+        "--core", default="auto", help="comma list of mLSTM cores to compare: auto, fused, python"
+    )
+    ap.add_argument("--runs", default="ds_p1,plain,ds_p2", help="comma list of: ds_p1, plain, ds_p2")
     args = ap.parse_args()
+    cores, runs = args.core.split(","), args.runs.split(",")
+    for c in cores:
+        if c not in ("auto", "fused", "python"):
+            ap.error(f"--core: {c!r} is not one of auto, fused, python")
+    for r in runs:
+        if r not in ("ds_p1", "plain", "ds_p2"):
+            ap.error(f"--runs: {r!r} is not one of ds_p1, plain, ds_p2")
+    model_of = {c: {**args.model, "core": c} for c in cores}
 
     import torch
 
@@ -130,56 +152,94 @@ def main() -> None:
         ds_cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
         ds_cfg["gradient_accumulation_steps"] = args.grad_accum
         (tmp / "ds.json").write_text(json.dumps(ds_cfg))
-        (tmp / "model.json").write_text(json.dumps(args.model))
+        for c in cores:
+            (tmp / f"model_{c}.json").write_text(json.dumps(model_of[c]))
         vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
 
-        def run(nprocs: int, stages: int, rnd: int) -> list[float]:
-            files = (tmp / "data", tmp / "ds.json", tmp / "model.json", tmp / f"run{stages}_{rnd}")
+        def run(nprocs: int, stages: int, rnd: int, core: str) -> list[float]:
+            out = tmp / f"run{stages}_{core}_{rnd}"
+            files = (tmp / "data", tmp / "ds.json", tmp / f"model_{core}.json", out)
             return ds_run(nprocs, stages, *files, args.steps, args.threads)
 
-        samples: dict[str, list[float]] = {"ds_p1": [], "plain": [], "ds_p2": []}
+        samples: dict[str, list[float]] = {f"ds_p1_{c}": [] for c in cores} | {"plain": [], "ds_p2": []}
+        unavailable: dict[str, str] = {}  # a core this machine cannot run (e.g. fused without a compiler)
         for rnd in range(args.rounds):
-            samples["ds_p1"] += run(1, 1, rnd)
-            samples["plain"] += plain_run(tmp / "data", args.model, ds_cfg, args.steps, args.threads)
-            samples["ds_p2"] += run(2, 2, rnd)
-        ds_p1, plain, ds_p2 = (statistics.median(samples[k]) for k in ("ds_p1", "plain", "ds_p2"))
+            if "ds_p1" in runs:
+                for c in cores:
+                    if c in unavailable:
+                        continue
+                    try:
+                        samples[f"ds_p1_{c}"] += run(1, 1, rnd, c)
+                    except RuntimeError as e:
+                        if len(cores) == 1:
+                            sys.exit(str(e))
+                        unavailable[c] = str(e).strip().splitlines()[-1][:300]
+            try:  # runs 2 and 3 use the first core: without it there is nothing to compare
+                if "plain" in runs:
+                    samples["plain"] += plain_run(
+                        tmp / "data", model_of[cores[0]], ds_cfg, args.steps, args.threads
+                    )
+                if "ds_p2" in runs:
+                    samples["ds_p2"] += run(2, 2, rnd, cores[0])
+            except RuntimeError as e:
+                sys.exit(f"--core {cores[0]}: {e}")
+        med = {k: statistics.median(v) if v else None for k, v in samples.items()}
+        ds_p1, plain, ds_p2 = med[f"ds_p1_{cores[0]}"], med["plain"], med["ds_p2"]
         # The split the P = 2 run used (--partition-method time: measured layer times) and its balance.
-        resolved = json.loads((tmp / "run2_0" / "config.json").read_text())
+        run2 = tmp / f"run2_{cores[0]}_0" / "config.json"
+        resolved = json.loads(run2.read_text()) if run2.exists() else None
 
     torch.set_num_threads(args.threads)
     peak = measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=1.0)
     model_cfg = ModelConfig(vocab_size=vocab, **args.model)
     fpt = flops_per_token(model_cfg)
-    parts, costs = resolved["partition"], resolved["layer_costs"]
-    stage_costs = [sum(costs[a:b]) for a, b in itertools.pairwise(parts)]
     P, M = 2, args.grad_accum
     ideal = P * M / (M + P - 1)
-    speedup = ds_p2 / ds_p1
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "vocab": vocab,
-                "threads_per_process": args.threads,
-                "micro_batch": args.micro_batch,
-                "micro_batches_M": M,
-                "rounds": args.rounds,
-                "stage_layers": [list(range(a, b)) for a, b in itertools.pairwise(parts)],
-                "stage_time_balance": round(min(stage_costs) / max(stage_costs), 3),
-                "tokens_per_s_ds_p1": round(ds_p1, 1),
-                "tokens_per_s_plain_torch": round(plain, 1),
-                "tokens_per_s_ds_p2": round(ds_p2, 1),
-                "vs_plain_torch": round(ds_p1 / plain, 3),
-                "pipeline_speedup": round(speedup, 3),
-                "pipeline_ideal": round(ideal, 3),
-                "pipeline_bubble": round((P - 1) / (M + P - 1), 3),
-                "pipeline_vs_ideal": round(speedup / ideal, 3),
-                "matmul_peak_gflops_per_thread_set": round(peak / 1e9, 1),
-                "mfu_ds_p1": round(fpt * ds_p1 / peak, 3),
-                "mfu_ds_p2": round(fpt * ds_p2 / (2 * peak), 3),
-            }
+
+    def r(v: float | None, nd: int = 3) -> float | str:
+        return round(v, nd) if v is not None else "not run"
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b is not None else None
+
+    result = {
+        "model": args.model,
+        "vocab": vocab,
+        "cores": cores,
+        "threads_per_process": args.threads,
+        "micro_batch": args.micro_batch,
+        "micro_batches_M": M,
+        "rounds": args.rounds,
+    }
+    if resolved is not None:
+        parts, costs = resolved["partition"], resolved["layer_costs"]
+        stage_costs = [sum(costs[a:b]) for a, b in itertools.pairwise(parts)]
+        result["stage_layers"] = [list(range(a, b)) for a, b in itertools.pairwise(parts)]
+        result["stage_time_balance"] = round(min(stage_costs) / max(stage_costs), 3)
+    for c in cores:
+        result[f"tokens_per_s_ds_p1_{c}"] = (
+            f"unavailable: {unavailable[c]}" if c in unavailable else r(med[f"ds_p1_{c}"], 1)
         )
-    )
+    if "fused" in cores and "python" in cores and not set(unavailable) & {"fused", "python"}:
+        result["fused_vs_python"] = r(div(med["ds_p1_fused"], med["ds_p1_python"]))
+        # every step's ratio range, for the spread on a shared machine
+        f, p = samples["ds_p1_fused"], samples["ds_p1_python"]
+        result["fused_vs_python_min_max"] = [r(min(f) / max(p)), r(max(f) / min(p))]
+    speedup = div(ds_p2, ds_p1)
+    result |= {
+        "tokens_per_s_ds_p1": r(ds_p1, 1),
+        "tokens_per_s_plain_torch": r(plain, 1),
+        "tokens_per_s_ds_p2": r(ds_p2, 1),
+        "vs_plain_torch": r(div(ds_p1, plain)),
+        "pipeline_speedup": r(speedup),
+        "pipeline_ideal": round(ideal, 3),
+        "pipeline_bubble": round((P - 1) / (M + P - 1), 3),
+        "pipeline_vs_ideal": r(div(speedup, ideal)),
+        "matmul_peak_gflops_per_thread_set": round(peak / 1e9, 1),
+        "mfu_ds_p1": r(div(fpt * ds_p1, peak) if ds_p1 else None),
+        "mfu_ds_p2": r(div(fpt * ds_p2, 2 * peak) if ds_p2 else None),
+    }
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

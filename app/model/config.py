@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CELLS = ("mlstm", "lstm")
+CORES = ("auto", "fused", "python")
+RUNTIME_FIELDS = ("core",)  # how the model runs, not what it computes: kept out of saved configs
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,9 +57,16 @@ class ModelConfig:
     embed_init_std: float = 0.02
     """Standard deviation of the normal init of the embedding (and of an untied head)."""
 
+    core: str = "auto"
+    """mLSTM time loop: "fused" (compiled C++ loop for CPU, built on first use), "python" (portable core),
+    "auto" (fused on CPU where it builds, else python). Same function and checkpoints either way; not
+    saved with the model config."""
+
     def __post_init__(self) -> None:
         if self.cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {self.cell!r}")
+        if self.core not in CORES:
+            raise ValueError(f"core must be one of {CORES}, got {self.core!r}")
         for name in ("vocab_size", "embed_dim", "hidden_dim", "num_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -80,7 +89,11 @@ class ModelConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The saved form: run-time choices (RUNTIME_FIELDS) are left out, so checkpoints do not depend on them."""
+        d = dataclasses.asdict(self)
+        for name in RUNTIME_FIELDS:
+            d.pop(name)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:

@@ -78,6 +78,7 @@ class RecurrentLayer(nn.Module):
         self.hidden_dim = H = cfg.hidden_dim
         self.residual = cfg.residual and self.in_dim == H
         self.weight_norm = cfg.weight_norm
+        self.core = cfg.core
         self.drop = nn.Dropout(cfg.dropout)
         r = cfg.init_range or 1.0 / math.sqrt(H)
         if self.cell == "lstm":
@@ -127,7 +128,9 @@ class RecurrentLayer(nn.Module):
         # The custom Function is not autocast-aware: cast the operands once here (not per step) and
         # keep autocast away from its internals.
         with torch.autocast(dev, enabled=False):
-            h = mlstm_sequence(x.to(cdt), w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt))  # (B, T, H)
+            h = mlstm_sequence(
+                x.to(cdt), w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt), self.core
+            )  # (B, T, H)
         return self._finish(x, h).contiguous()
 
     def init_state(self, batch: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> State:

@@ -1,44 +1,167 @@
-"""The two matrix-product shapes the recurrent core uses, each routed to the fastest kernel we measured.
+"""The core's matrix products, each routed to the kernel that measured fastest on THIS machine.
 
-Measured on the 2-core Zen 5 dev box (torch 2.13 CPU, MKL 2024.2, oneDNN 3.12), GFLOP/s, same run,
-machine shared (absolute numbers noisy, ratios stable); `bench/mlstm_layer.py` re-measures the peaks:
+CPU float32 / bfloat16 `x @ w.T` has two candidate paths: `torch.mm` with a transposed view (MKL for
+fp32, oneDNN for bf16) and oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`). Which wins depends on
+the CPU and the shape: on a Zen 5 box oneDNN won the per-step products of the large model 1.3-2x; on an
+AVX2 EPYC, MKL won the input projection; at (16 x 256) @ (256 x 256) MKL won by ~1.5x on a Zen 4. So the
+first product of each (rows, K, N, dtype) is timed on every available path (a few ms, rows capped at
+1024 so the big input projection is timed on a slice), the winner is cached for the process and logged
+once at INFO. Set MLSTM_MATMUL=mm or =onednn to force a path (e.g. for bitwise reproducibility across
+processes). CUDA, float64 and anything else go straight to `F.linear` / `torch.mm`.
 
-    x @ w.T (forward products, per-step recurrent products)      torch.mm (MKL)   oneDNN linear   bf16 mm
-      (8192 x 1024) @ (1024 x 5120)   input projection              120-129        168-174          320-330
-      (64 x 1024) @ (1024 x 4096)     per-step, large model          40-88          145              170-294
-      (16 x 256) @ (256 x 1024)       per-step, small model          57-74          60-89            108-123
-    dy.T @ x (weight gradients, reduction over all B*T tokens)   torch.mm(a.t()) oneDNN linear
-      (5120 x 8192) @ (8192 x 1024)                                 146-169        115-139          350-365 (mm)
+bf16 on CPU is worth it only where the hardware runs it natively (AVX512-BF16 / AMX); elsewhere oneDNN
+emulates it several times slower than fp32. `bf16_is_native()` decides from oneDNN's report of native
+bf16 and a timing of a bf16 product against fp32; the trainer warns when a DS JSON asks for bf16 on a
+CPU where it is not native (app/parallel/precision.py).
 
-So: fp32 `x @ w.T` on CPU goes to oneDNN through `torch.ops.mkldnn._linear_pointwise` (plain dense
-weight; pre-packing the weight as an mkldnn tensor measured no faster), 1.3-2x over MKL. Weight
-gradients stay on `torch.mm` with a transposed view (MKL/oneDNN take the transpose for free; the
-oneDNN linear op would copy it). bf16 already routes to oneDNN through plain `torch.mm`/`F.linear`.
-CUDA, float64 and anything else use `F.linear` / `torch.mm`. Neither helper records autograd; they
-are called inside the custom autograd Function.
+Weight gradients (`grad_weight`) stay on `torch.mm` with a transposed view (MKL/oneDNN take the
+transpose for free; oneDNN's linear op would copy it). Nothing here records autograd; the helpers are
+called inside the custom autograd Functions.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 _ONEDNN_LINEAR = (
     getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 )
+MEASURED_DTYPES = (torch.float32, torch.bfloat16)
+_ROWS_CAP = 1024  # rows timed for a product; above this the kernels' relative speed no longer moves much
+
+_choice: dict[tuple, str] = {}  # (rows bucket, K, N, dtype) -> path name
+_bf16_native: list[bool] = []
 
 
-def use_onednn_fp32(t: torch.Tensor) -> bool:
-    return _ONEDNN_LINEAR is not None and t.device.type == "cpu" and t.dtype == torch.float32
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, w.t())
+
+
+def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _ONEDNN_LINEAR(x, w, None, "none", [], "")
+
+
+def paths() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """The CPU paths this torch build has, by name."""
+    out = {"mm": _mm}
+    if _ONEDNN_LINEAR is not None:
+        out["onednn"] = _onednn
+    return out
+
+
+def _rows_bucket(m: int) -> int:
+    """Rows rounded up to a power of two (capped): variable-length batches share one measurement."""
+    return min(_ROWS_CAP, 1 << max(0, (m - 1).bit_length()))
+
+
+def _time_paths(
+    fns: dict[str, Callable], x: torch.Tensor, w: torch.Tensor, rounds: int = 5
+) -> dict[str, float]:
+    """Seconds per call of each path: best of `rounds` bursts (~0.5 ms each), the paths interleaved
+    within every round so that load from other processes on a shared machine hits them alike."""
+    n = {}
+    for name, fn in fns.items():
+        fn(x, w)  # warm-up: oneDNN creates its primitive here
+        t0 = time.perf_counter()
+        fn(x, w)
+        n[name] = max(1, min(50, int(5e-4 / max(time.perf_counter() - t0, 1e-7))))
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n[name]):
+                fn(x, w)
+            best[name] = min(best[name], (time.perf_counter() - t0) / n[name])
+    return best
+
+
+def _operands(m: int, k: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # A private generator: timing must not shift the run's global random stream.
+    g = torch.Generator().manual_seed(0)
+    x = torch.empty(m, k).uniform_(-1, 1, generator=g).to(dtype)
+    w = torch.empty(n, k).uniform_(-1, 1, generator=g).to(dtype)
+    return x, w
+
+
+def choose(m: int, k: int, n: int, dtype: torch.dtype) -> str:
+    """Fastest CPU path name for (m, k) @ (n, k).T in `dtype`, measured once per process and shape."""
+    forced = os.environ.get("MLSTM_MATMUL")
+    avail = paths()
+    if forced:
+        if forced not in avail:
+            raise ValueError(f"MLSTM_MATMUL={forced!r}: available paths are {sorted(avail)}")
+        return forced
+    key = (_rows_bucket(m), k, n, dtype)
+    name = _choice.get(key)
+    if name is None:
+        if len(avail) == 1:
+            name = next(iter(avail))
+        else:
+            x, w = _operands(key[0], k, n, dtype)
+            times = _time_paths(avail, x, w)
+            name = min(times, key=times.get)
+            log.info(
+                "matmul (%d x %d) @ (%d x %d).T %s: %s -> %s",
+                key[0], k, n, k, str(dtype).removeprefix("torch."),
+                ", ".join(f"{p} {t * 1e6:.1f} us" for p, t in times.items()), name,
+            )  # fmt: skip
+        _choice[key] = name
+    return name
+
+
+def use_onednn(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
+    """Whether the measured winner for this CPU product is oneDNN's linear (used by the fused core)."""
+    return dtype in MEASURED_DTYPES and choose(m, k, n, dtype) == "onednn"
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (..., K) @ w (N, K).T -> (..., N), no bias."""
-    if use_onednn_fp32(x):
-        return _ONEDNN_LINEAR(x, w, None, "none", [], "")
-    return F.linear(x, w)
+    if x.device.type != "cpu" or x.dtype not in MEASURED_DTYPES:
+        return F.linear(x, w)
+    k = x.shape[-1]
+    name = choose(x.numel() // max(k, 1), k, w.shape[0], x.dtype)
+    if name == "onednn":
+        return _onednn(x, w)
+    return F.linear(x, w) if x.dim() != 2 else _mm(x, w)
 
 
 def grad_weight(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """dy (N, O).T @ x (N, I) -> (O, I): the after-loop weight gradient, summed over all N tokens."""
     return torch.mm(dy.t(), x)
+
+
+def bf16_is_native(size: int = 512) -> bool:
+    """True when bf16 CPU products run natively (AVX512-BF16 / AMX): oneDNN reports bf16 support AND a
+    bf16 product measures no slower than 1.5x the fp32 one.
+
+    Emulated bf16 measured several times SLOWER than fp32 (7x on an AVX2 EPYC), native ~2x faster, so
+    1.5x leaves room for timing noise on a shared machine either way. Measured once per process (tens
+    of ms), logged once.
+    """
+    if not _bf16_native:
+        supported = (
+            bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) if _ONEDNN_LINEAR is not None else False
+        )
+        native = False
+        if supported:
+            t = {}
+            for dt in (torch.float32, torch.bfloat16):
+                x, w = _operands(size, size, size, dt)
+                t[dt] = min(_time_paths(paths(), x, w, rounds=3).values())
+            native = t[torch.bfloat16] < 1.5 * t[torch.float32]
+            log.info(
+                "bf16 on this CPU: %s (bf16 %.0f us vs fp32 %.0f us for a %d^3 product)",
+                "native" if native else "slow", t[torch.bfloat16] * 1e6, t[torch.float32] * 1e6, size,
+            )  # fmt: skip
+        else:
+            log.info("bf16 on this CPU: emulated (oneDNN reports no native bf16)")
+        _bf16_native.append(native)
+    return _bf16_native[0]

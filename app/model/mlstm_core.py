@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from app.model.fused_core import FusedMLSTMFunction, use_fused
 from app.model.matmul import grad_weight, linear
 
 
@@ -168,10 +169,20 @@ class MLSTMFunction(torch.autograd.Function):
 
 
 def mlstm_sequence(
-    x: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor, w_mh: torch.Tensor, w_m: torch.Tensor
+    x: torch.Tensor,
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    core: str = "auto",
 ) -> torch.Tensor:
-    """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype."""
-    return MLSTMFunction.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
+    """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype.
+
+    core: "fused" (compiled CPU loop, app/model/fused_core.py), "python" (this module), "auto" (fused
+    where it builds and runs, else python).
+    """
+    fn = FusedMLSTMFunction if use_fused(core, x, w_mh) else MLSTMFunction
+    return fn.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
 
 
 @torch.no_grad()

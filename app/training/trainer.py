@@ -28,6 +28,7 @@ from app.model.config import flops_per_token
 from app.model.presets import load_model_config
 from app.parallel.engine import Engine
 from app.parallel.layout import engine_config, load_ds_json, resolve_layout
+from app.parallel.precision import check_precision
 from app.parallel.runtime import init_distributed, seed_everything, set_threads
 from app.training.batching import collate
 from app.training.config import TrainConfig
@@ -69,6 +70,9 @@ class Trainer:
         self.layout = resolve_layout(
             self.ds_json, self.world, cfg.pipeline_stages, src=f"--deepspeed_config {ds_path}"
         )
+        if self.rank == 0:
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+            check_precision(self.layout.precision, device_type, f"--deepspeed_config {ds_path}", self.log)
         if self.layout.zero_stage == 0 and self.layout.precision != "fp16":
             raise UserError(
                 f"--deepspeed_config {ds_path}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed "

@@ -1,0 +1,186 @@
+"""The fused (C++) mLSTM core: parity with the float64 equations, with the Python core, and fallback.
+
+The extension is JIT-built on first use (tens of seconds once per machine, cached per user).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.model import matmul
+from app.model.config import ModelConfig, debug_config
+from app.model.fused_core import fused_ops
+from app.model.mlstm_core import mlstm_sequence
+from app.model.reference import naive_mlstm
+from app.parallel.pipeline import build_sequential
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if fused_ops() is None:  # a compiler is part of the supported setup: not building is a failure
+        pytest.fail("the fused core did not build (see the warning above)")
+
+
+def inputs(B, T, D, H, seed):
+    """Fresh random x (B, T, D) and (w_in, bias, w_mh, w_m) in float64, weights at 1.5x the usual
+    1/sqrt(fan_in) init scale so gates saturate in places and all derivative terms matter."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    shapes = [(5 * H, D), (4 * H,), (H, H), (4 * H, H)]
+    ws = [torch.randn(s, generator=g, dtype=torch.float64) * 1.5 / s[-1] ** 0.5 for s in shapes]
+    return x, ws
+
+
+def run(core, x, ws, gy, cdt):
+    """h and the gradients of <h, gy> w.r.t. every input, operands cast to cdt (bias stays fp32/fp64)."""
+    state = torch.float64 if cdt == torch.float64 else torch.float32
+    dts = [cdt, cdt, state, cdt, cdt]
+    leaves = [t.to(dt, copy=True).requires_grad_() for t, dt in zip([x, *ws], dts, strict=True)]
+    if core == "reference":  # the equations, float64 autograd, on the same (rounded) operands
+        d = [t.detach().double().requires_grad_() for t in leaves]
+        H = ws[2].shape[0]
+        y = naive_mlstm(d[0], d[1][:H], d[1][H:], d[2], d[3], d[4])
+        leaves = d
+    else:
+        y = mlstm_sequence(*leaves, core=core)
+    y.backward(gy.to(y.dtype))
+    return [y.detach().double()] + [t.grad.double() for t in leaves]
+
+
+# B=1, T=1, H not a multiple of 8/16 (vector tails), D != H, and one size past the parallel threshold.
+SHAPES = [(1, 1, 3, 5), (1, 9, 7, 13), (4, 1, 16, 24), (3, 6, 20, 17), (5, 11, 33, 40), (8, 4, 24, 520)]
+NAMES = ["h", "dx", "dw_in", "dbias", "dw_mh", "dw_m"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}D{}H{}".format(*s))
+def test_fused_matches_float64_equations(shape):
+    B, T, D, H = shape
+    x, ws = inputs(B, T, D, H, seed=sum(shape))
+    gy = torch.randn(B, T, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    ref = run("reference", x, ws, gy, torch.float64)
+    # float64 operands: same math as the equations, only summation order differs (~1e-16 per op,
+    # amplified by the backward recurrence): 1e-10 relative to the largest entry is far above that and
+    # far below any formula error.
+    for name, a, b in zip(NAMES, run("fused", x, ws, gy, torch.float64), ref, strict=True):
+        tol = 1e-10 * max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=tol, msg=lambda m, n=name: f"fp64 {n}: {m}")
+    # float32: eps 1.2e-7; products sum K <= 5H terms and the recurrence compounds errors over T <= 11
+    # steps (measured: up to ~1e-5 of the largest entry, the Python core alike); the own exp/tanh are
+    # within a few ulp of libm. So: 1e-4 relative to the largest entry, and no worse than the Python
+    # core's own fp32 error (2x + 1e-6 for rounding luck).
+    fused, py = run("fused", x, ws, gy, torch.float32), run("python", x, ws, gy, torch.float32)
+    for name, a, p, b in zip(NAMES, fused, py, ref, strict=True):
+        scale = max(1.0, b.abs().max().item())
+        err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
+        assert err_f <= 2 * err_p + 1e-6 * scale, f"fp32 {name}: fused err {err_f:.3g} vs python {err_p:.3g}"
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * scale, msg=lambda m, n=name: f"fp32 {n}: {m}")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3, 5), (3, 6, 20, 17), (8, 4, 24, 520)], ids=str)
+def test_fused_bf16_operands_fp32_state(shape):
+    B, T, D, H = shape
+    x, ws = inputs(B, T, D, H, seed=3 + sum(shape))
+    gy = torch.randn(B, T, H, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    ref = run("reference", x, ws, gy, torch.bfloat16)  # the equations on the bf16-rounded operands
+    py = run("python", x, ws, gy, torch.bfloat16)
+    fused = run("fused", x, ws, gy, torch.bfloat16)
+    for name, a, p, b in zip(NAMES, fused, py, ref, strict=True):
+        # h and m are rounded to bf16 (8-bit mantissa, eps 7.8e-3) every step as matmul operands, and
+        # gradients as dG/dm operands: errors of a few eps relative to the largest entry are expected.
+        # The fused core must be as close to the float64 truth as the Python core is (within 2x + eps).
+        scale = max(1.0, b.abs().max().item())
+        err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
+        assert err_f <= 2 * err_p + 8e-3 * scale, f"bf16 {name}: fused err {err_f:.3g} vs python {err_p:.3g}"
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * scale, msg=lambda m, n=name: f"bf16 {n}: {m}")
+
+
+def test_fused_gradcheck():
+    x, ws = inputs(2, 4, 3, 6, seed=11)
+    args = [t.requires_grad_() for t in (x, *ws)]
+    assert torch.autograd.gradcheck(lambda *a: mlstm_sequence(*a, core="fused"), args)
+
+
+def test_matmul_paths_agree_and_timing_keeps_the_random_stream():
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(16, 40, generator=g), torch.randn(24, 40, generator=g)
+    for fn in matmul.paths().values():
+        torch.testing.assert_close(fn(x, w), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5)
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    assert matmul.choose(16, 40, 24, torch.float32) in matmul.paths()
+    assert isinstance(matmul.bf16_is_native(64), bool)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def train(core: str, steps: int = 4) -> tuple[list[float], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = build_sequential(debug_config(100, core=core))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 100, (4, 17), generator=g)
+        logits = model(ids[:, :-1])  # (B, T, V)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+def test_training_and_checkpoints_match_between_cores():
+    lf, sf = train("fused")
+    lp, sp = train("python")
+    # Same function, fp32: only rounding differs (~1e-7 per op), and 4 AdamW steps at lr 3e-3 keep that
+    # at the ~1e-6 level; a wrong gate or derivative moves losses by >1e-2.
+    assert lf == pytest.approx(lp, rel=1e-5, abs=1e-5)
+    assert sf.keys() == sp.keys()
+    for k in sf:
+        torch.testing.assert_close(sf[k], sp[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    # a checkpoint of one loads into the other (same names and shapes) and computes the same function
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(2))
+    other = build_sequential(debug_config(100, core="python"))
+    other.load_state_dict(sf, strict=True)
+    fused = build_sequential(debug_config(100, core="fused"))
+    fused.load_state_dict(sf, strict=True)
+    torch.testing.assert_close(other(ids), fused(ids), rtol=1e-5, atol=1e-5)
+    # the choice of core is not saved with the model config
+    assert "core" not in debug_config(core="fused").to_dict()
+    with pytest.raises(ValueError, match="core"):
+        debug_config(core="gpu")
+    assert ModelConfig.from_dict({**debug_config().to_dict(), "core": "python"}).core == "python"
+
+
+def test_build_failure_falls_back_with_one_warning(tmp_path):
+    # A real failed build: a fresh extensions dir and a compiler that exits 1 at once.
+    code = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n"
+        "from app.model.mlstm_core import mlstm_sequence\n"
+        "x, ws = torch.randn(2, 3, 4), [torch.randn(s) for s in [(25, 4), (20,), (5, 5), (20, 5)]]\n"
+        "for _ in range(3):\n"
+        "    y = mlstm_sequence(x, *ws)\n"
+        "print('auto ok', tuple(y.shape))\n"
+        "try:\n"
+        "    mlstm_sequence(x, *ws, core='fused')\n"
+        "except RuntimeError as e:\n"
+        "    print('fused error:', e)\n"
+    )
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "auto ok (2, 3, 5)" in p.stdout
+    assert "fused error: core='fused' requested but the C++ extension did not build" in p.stdout
+    assert p.stderr.count("WARNING fused mLSTM core did not build") == 1, p.stderr[-3000:]
