@@ -38,7 +38,8 @@ from app.flops import measure_matmul_peak
 from app.logs import setup_logging
 from app.model.config import ModelConfig, flops_per_token
 from app.presets import load_model_config
-from app.runtime import init_distributed, seed_everything, set_threads
+from app.runtime import exit_on_lost_peer, init_distributed, seed_everything, set_threads
+from app.save_guard import run_on_all_ranks
 from app.tracking import Tracker, resolve_wandb_mode
 
 
@@ -85,6 +86,7 @@ def fmt_count(x: float) -> str:
     return f"{x:.0f}"
 
 
+@exit_on_lost_peer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg, ds_path, model_over, dry_run = parse_args(argv)
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = data.meta["tokenizer"]
     model_cfg = load_model_config(cfg.model_config, tok["vocab_size"], model_over)
 
-    init_distributed()
+    init_distributed(cfg.dist_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     threads = set_threads()
     layout = resolve_layout(ds_json, world, cfg.pipeline_stages, src=f"--deepspeed_config {ds_path}")
@@ -234,11 +236,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         tag = ckpt.tag_for(step)
-        engine.ds.save_checkpoint(str(root), tag=tag, save_latest=False)
-        ckpt.write_rank_state(root / tag, rank)
-        faults.crash_in_save(step)
-        dist.barrier()
-        if rank == 0:
+
+        def write() -> None:
+            engine.ds.save_checkpoint(str(root), tag=tag, save_latest=False)
+            ckpt.write_rank_state(root / tag, rank)
+            faults.crash_in_save(step)
+
+        def commit() -> None:
+            if rank != 0:
+                return
             app_state = {
                 "step": step,
                 "skipped_total": skipped_total,
@@ -252,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.commit(root, tag, app_state, world, data.tokenizer_path)
             removed = ckpt.prune(root, cfg.keep_last)
             log.info(f"saved {root / tag}" + (f" (removed {', '.join(removed)})" if removed else ""))
-        dist.barrier()
+
+        # every rank learns of a failed write (disk full) on any rank: one line, the partial save removed
+        run_on_all_ranks(write, root, tag, engine.device)
+        run_on_all_ranks(commit, root, tag, engine.device)
 
     if cfg.sanity_eval_batches:
         run_eval(val_sched, val_store, "sanity", cfg.sanity_eval_batches)

@@ -1,0 +1,64 @@
+"""A checkpoint save that every rank agrees on: a failure on any rank (disk full, quota, I/O error) stops
+the run with one line from rank 0, the half-written checkpoint removed and the previous one intact.
+
+Without the agreement a rank whose write failed dies with a traceback while the others wait in the next
+barrier until the process-group timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from app.checkpoint import LATEST
+from app.errors import UserError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def describe(e: BaseException, root: Path) -> str:
+    """What went wrong, in words a user acts on (torch.save reports a full disk as 'file write failed')."""
+    if isinstance(e, OSError) and e.errno in _NO_SPACE:
+        return f"no space left on the device holding {root}"
+    if "write failed" in str(e) or "No space left" in str(e):
+        try:
+            free = shutil.disk_usage(root).free
+        except OSError:
+            free = -1
+        if 0 <= free < 64 << 20:
+            return f"no space left on the device holding {root} ({free >> 10} KiB free)"
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{e.__class__.__name__}: {first[:200]}"
+
+
+def run_on_all_ranks(step: Callable[[], None], root: Path, tag: str, device: torch.device) -> None:
+    """Run this rank's part of a save, then agree with every rank on whether all parts succeeded.
+
+    On failure anywhere: rank 0 removes the partial `tag` directory and raises UserError (printed as one
+    line, exit 2); the other ranks exit 2 silently.
+    """
+    error = None
+    try:
+        step()
+    except Exception as e:  # any rank's failure must reach every rank, or they wait in the next collective
+        error = describe(e, root)
+    failed = torch.tensor([0.0 if error is None else 1.0], device=device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if failed.item() == 0:
+        return
+    reasons: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(reasons, error)
+    if dist.get_rank() != 0:
+        raise SystemExit(2)
+    shutil.rmtree(root / tag, ignore_errors=True)  # frees the space the partial save took
+    rank, reason = next((r, m) for r, m in enumerate(reasons) if m is not None)
+    previous = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else "none"
+    raise UserError(
+        f"saving checkpoint {root / tag} failed on rank {rank}: {reason}; the previous checkpoint "
+        f"({previous}) is intact and a rerun resumes from it once the cause is fixed"
+    )
