@@ -19,19 +19,21 @@ from app.checkpoint import LATEST
 from app.errors import UserError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_LOW_SPACE = 64 << 20  # below this after a failed write, the disk being full is the cause
 
 
 def describe(e: BaseException, root: Path) -> str:
-    """What went wrong, in words a user acts on (torch.save reports a full disk as 'file write failed')."""
+    """What went wrong, in words a user acts on. torch.save reports a full disk as an internal error
+    ('unexpected pos 128 vs 0', 'file write failed'), so the free space decides, measured before the
+    partial save is removed."""
     if isinstance(e, OSError) and e.errno in _NO_SPACE:
         return f"no space left on the device holding {root}"
-    if "write failed" in str(e) or "No space left" in str(e):
-        try:
-            free = shutil.disk_usage(root).free
-        except OSError:
-            free = -1
-        if 0 <= free < 64 << 20:
-            return f"no space left on the device holding {root} ({free >> 10} KiB free)"
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = -1
+    if 0 <= free < _LOW_SPACE:
+        return f"no space left on the device holding {root} ({free >> 10} KiB free)"
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
     return f"{e.__class__.__name__}: {first[:200]}"
 

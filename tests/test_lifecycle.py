@@ -26,16 +26,18 @@ def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_pat
     cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, *REF_ARGS,
                         "--wandb-mode", "disabled", "--dist-timeout-s", str(timeout_s)))  # fmt: skip
     port = _PORTS[-1]
+    log_path = tmp_path / "launch.log"  # a file, not a pipe nobody reads while we wait
     p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=2,hang_rank=1"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                         stdout=subprocess.DEVNULL, stderr=log_path.open("w"))  # fmt: skip
     try:
-        wait_until(lambda: 2 in train_losses(out), 240, "step 2")
+        wait_until(lambda: 2 in train_losses(out), 240, "step 2", p)
         t_stall = time.time()
-        _, err = p.communicate(timeout=timeout_s + 90)
+        p.wait(timeout=timeout_s + 90)
         elapsed = time.time() - t_stall
     finally:
         if p.poll() is None:
             p.kill()
+    err = log_path.read_text()
     assert p.returncode != 0
     lines = [ln for ln in err.splitlines() if LOST in ln]
     assert len(lines) == 1 and "error: rank 0" in lines[0], err[-4000:]
@@ -54,7 +56,9 @@ def test_launcher_sigkill_stops_ranks_and_rerun_starts_clean(reference_run, prep
     p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=2"), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        wait_until(lambda: (out / "checkpoints" / "step_00000002" / "COMPLETE").exists(), 240, "checkpoint 2")
+        wait_until(
+            lambda: (out / "checkpoints" / "step_00000002" / "COMPLETE").exists(), 240, "checkpoint 2", p
+        )
         wait_until(lambda: len(rank_pids(out)) == 2, 30, "both ranks")
         ranks = rank_pids(out)
         p.send_signal(signal.SIGKILL)  # the runner only; launch.py and the ranks are its descendants

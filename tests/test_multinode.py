@@ -82,11 +82,14 @@ def rank_pids(out: Path) -> dict[int, int]:
     return found
 
 
-def wait_until(cond, timeout: float, what: str) -> None:
+def wait_until(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    """Poll `cond`; fail at once if `proc` (the launch being watched) ends first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cond():
             return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the launch ended ({proc.returncode}) before {what}")
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
@@ -162,18 +165,22 @@ def test_hostfile_dp2_node_rank_killed_one_line_then_rerun_resumes(
     cmd, e = hostfile_launch(
         *args, stages=1, config=config, port=port, MLSTM_DS_FAULTS="hang_after=3,hang_rank=1"
     )
-    p = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_path = tmp_path / "launch.log"  # a file, not a pipe nobody reads while we wait
+    p = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: (out / "checkpoints" / "step_00000003" / "COMPLETE").exists(), 240, "checkpoint 3")
+        wait_until(
+            lambda: (out / "checkpoints" / "step_00000003" / "COMPLETE").exists(), 240, "checkpoint 3", p
+        )
         wait_until(lambda: 1 in rank_pids(out), 30, "rank 1's pid")
         time.sleep(1.0)  # rank 0 is now inside step 4's first collective, waiting for rank 1
         os.kill(rank_pids(out)[1], signal.SIGKILL)
         t_kill = time.time()
-        log, _ = p.communicate(timeout=120)
+        p.wait(timeout=120)
         elapsed = time.time() - t_kill
     finally:
         if p.poll() is None:
             p.kill()
+    log = log_path.read_text()
     assert p.returncode != 0
     lines = [ln for ln in log.splitlines() if LOST in ln]
     assert len(lines) == 1 and "error: rank 0" in lines[0], log[-4000:]
