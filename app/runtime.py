@@ -15,7 +15,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,7 +27,6 @@ import torch
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
 _LAUNCHER_PROGRAMS = ("deepspeed", "sshd", "slurmstepd")
 EXIT_LOST_PEER = 4
-EXIT_LAUNCHER_GONE = 143
 
 
 def slurm_rank_env(environ: dict[str, str]) -> dict[str, str]:
@@ -178,37 +176,44 @@ def launcher_chain(pid: int | None = None, depth: int = 4) -> list[tuple[int, in
     return chain[:1]
 
 
-def watch_launcher(interval_s: float = 0.5, on_gone: Callable[[int], None] | None = None) -> threading.Thread:
+def watch_launcher(interval_s: float = 0.5) -> int:
     """Stop this rank soon after the launcher that started it dies (SIGKILL, OOM killer, lost ssh session).
 
     DeepSpeed's launcher runs the ranks as children that survive it; a parent-death signal would only
-    cover the direct parent (DeepSpeed's per-node launch.py, which itself outlives the runner). So a
-    daemon thread polls the ancestors up to the launcher and, when one is gone, unlinks this rank's
-    /dev/shm buffers and exits: the port and run directory are free for the rerun.
+    cover the direct parent (DeepSpeed's per-node launch.py, which itself outlives the runner). So a small
+    forked watcher process polls the ancestors up to the launcher and, when one is gone, unlinks this
+    rank's /dev/shm buffers and SIGKILLs the rank. A process, not a thread: a rank blocked in a collective
+    can hold the GIL for as long as it waits (measured: a watcher thread never ran). The watcher dies with
+    the rank (PR_SET_PDEATHSIG). Returns the watcher's pid.
     """
     chain = launcher_chain()
+    rank_pid = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the watcher: plain os calls only (the rank's torch state is not safe to touch after fork)
+        import ctypes
+        import signal
 
-    def gone(pid: int) -> None:
-        print(
-            f"[rank {os.environ.get('RANK', '?')}] launcher process {pid} is gone; stopping this rank",
-            file=sys.stderr,
-            flush=True,
-        )
-        release_own_shm(every_rank=True)
-        os._exit(EXIT_LAUNCHER_GONE)
-
-    def loop() -> None:
-        while True:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the rank
+        os.setsid()  # out of the rank's process group: a Ctrl-C meant for the job is the rank's to handle
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.closerange(3, 1 << 16)  # sockets and files of the rank stay the rank's
+        while os.getppid() == rank_pid:
             time.sleep(interval_s)
-            for pid, start in chain:
-                stat = _stat(pid)
-                if stat is None or stat[1] != start:
-                    (on_gone or gone)(pid)
-                    return
-
-    thread = threading.Thread(target=loop, name="launcher-watch", daemon=True)
-    thread.start()
-    return thread
+            gone = next((p for p, start in chain if (_stat(p) or (0, -1))[1] != start), None)
+            if gone is not None:
+                os.write(2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; "
+                         "stopping this rank\n".encode())  # fmt: skip
+                release_own_shm(every_rank=True)
+                os.kill(rank_pid, signal.SIGKILL)
+                break
+    finally:
+        os._exit(0)
 
 
 def _is_lost_peer(e: BaseException) -> bool:

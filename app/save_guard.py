@@ -38,6 +38,20 @@ def describe(e: BaseException, root: Path) -> str:
     return f"{e.__class__.__name__}: {first[:200]}"
 
 
+def deepspeed_save(ds_engine, root: Path, tag: str) -> None:
+    """DeepSpeed's save_checkpoint, made safe to fail on one rank.
+
+    It writes between two barriers; a rank whose write raises skips the closing one while the ranks that
+    succeeded wait in it. Joining that barrier before re-raising keeps every rank's collectives in step,
+    so run_on_all_ranks can then agree on the outcome.
+    """
+    try:
+        ds_engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    except Exception:
+        dist.barrier()
+        raise
+
+
 def run_on_all_ranks(step: Callable[[], None], root: Path, tag: str, device: torch.device) -> None:
     """Run this rank's part of a save, then agree with every rank on whether all parts succeeded.
 

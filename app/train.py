@@ -39,7 +39,7 @@ from app.logs import setup_logging
 from app.model.config import ModelConfig, flops_per_token
 from app.presets import load_model_config
 from app.runtime import exit_on_lost_peer, init_distributed, seed_everything, set_threads
-from app.save_guard import run_on_all_ranks
+from app.save_guard import deepspeed_save, run_on_all_ranks
 from app.tracking import Tracker, resolve_wandb_mode
 
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = ckpt.tag_for(step)
 
         def write() -> None:
-            engine.ds.save_checkpoint(str(root), tag=tag, save_latest=False)
+            deepspeed_save(engine.ds, root, tag)
             ckpt.write_rank_state(root / tag, rank)
             faults.crash_in_save(step)
 

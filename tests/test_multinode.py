@@ -63,8 +63,11 @@ def shm_left(port: int, rank: str = "*") -> list[str]:
 
 
 def rank_pids(out: Path) -> dict[int, int]:
-    """rank -> pid of this run's app/train.py processes (found in /proc: same machine, any 'node')."""
-    found = {}
+    """rank -> pid of this run's app/train.py processes (found in /proc: same machine, any 'node').
+
+    A rank's launcher watcher is a fork of it (same command line): a train.py whose parent is one is skipped.
+    """
+    found: dict[int, tuple[int, int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -75,11 +78,12 @@ def rank_pids(out: Path) -> dict[int, int]:
             environ = dict(
                 kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv
             )
-        except OSError:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"RANK" in environ:
-            found[int(environ[b"RANK"])] = int(proc.name)
-    return found
+            found[int(proc.name)] = (int(environ[b"RANK"]), ppid)
+    return {rank: pid for pid, (rank, ppid) in found.items() if ppid not in found}
 
 
 def wait_until(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
