@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from conftest import FAKE_WANDB_KEY, REF_STEPS
-from launcher import ROOT, env, train_losses
+from launcher import ROOT, env, free_port, train_losses
 from test_multinode import REF_ARGS, assert_same_losses, script_args
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slow]
@@ -45,3 +46,18 @@ def test_sbatch_two_tasks_train_as_one_world(slurm_cluster, reference_run, prepa
         assert not f.is_file() or FAKE_WANDB_KEY.encode() not in f.read_bytes(), f"API key in {f}"
     assert list((out / "wandb").glob("offline-run-*/*.wandb")), "no W&B run on rank 0"
     assert not os.listdir(tmp_path / "secrets"), "secrets/env files outlived the job"
+
+
+def test_srun_tasks_get_rank_and_world_from_slurm(slurm_cluster, prepared_dir, tmp_path):
+    """What DeepSpeed's `--launcher slurm` runs, `srun -n 2 python app/train.py`, with no RANK/WORLD_SIZE set:
+    the two tasks form one world of 2 (each used to start alone as rank 0 of 1)."""
+    e = env(**slurm_cluster.env, MASTER_PORT=str(free_port()))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        e.pop(var, None)
+    cmd = ["srun", "-n", "2", "--cpus-per-task=1", sys.executable, "-u", "app/train.py", "--dry-run",
+           "--deepspeed_config", "ds_configs/cpu_pp2_zero1.json", "--data", str(prepared_dir), "--out",
+           str(tmp_path / "dry"), "--pipeline-stages", "2", "--model-config", "debug"]  # fmt: skip
+    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    worlds = [ln for ln in p.stderr.splitlines() if "INFO world " in ln]
+    assert len(worlds) == 1 and "world 2 = 2 stages x 1 data-parallel" in worlds[0], p.stderr[-3000:]
