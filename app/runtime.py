@@ -206,11 +206,12 @@ def watch_launcher(interval_s: float = 0.5) -> int:
         while os.getppid() == rank_pid:
             time.sleep(interval_s)
             gone = next((p for p, start in chain if (_stat(p) or (0, -1))[1] != start), None)
-            if gone is not None:
-                os.write(2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; "
-                         "stopping this rank\n".encode())  # fmt: skip
+            if gone is not None:  # stop the rank first: the message may have nowhere to go (a closed pipe)
                 release_own_shm(every_rank=True)
                 os.kill(rank_pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.write(2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; "
+                             "stopped this rank\n".encode())  # fmt: skip
                 break
     finally:
         os._exit(0)
