@@ -17,10 +17,12 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: impo
 import json
 
 from app.common.errors import exit_on_user_error
+from app.parallel.runtime import exit_on_lost_peer
 from app.training.args import parse_args
 from app.training.trainer import Trainer
 
 
+@exit_on_lost_peer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg, ds_path, model_overrides, dry_run = parse_args(argv, __doc__)

@@ -93,3 +93,36 @@ def fused_core_built() -> None:
     from app.model.fused_core import fused_ops
 
     fused_ops()
+
+
+# ---- a real cluster on this machine (tests/cluster.py): sshd + pdsh on 127.0.0.1/127.0.0.2, and Slurm
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multinode: real sshd/pdsh or Slurm launches (tests/cluster.py)")
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(tmp_path_factory):
+    from cluster import ClusterUnavailable, start_sshd
+
+    try:
+        cluster = start_sshd(tmp_path_factory.mktemp("sshd"))
+    except ClusterUnavailable as e:
+        print(f"\nmultinode: sshd/pdsh unavailable: {e}")
+        pytest.skip(f"sshd/pdsh unavailable: {e}")
+    yield cluster
+    cluster.daemons.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    from cluster import ClusterUnavailable, start_slurm
+
+    try:
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as e:
+        print(f"\nmultinode: Slurm unavailable: {e}")
+        pytest.skip(f"Slurm unavailable: {e}")
+    yield cluster
+    cluster.daemons.stop()

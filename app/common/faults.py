@@ -5,6 +5,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     crash_in_save=N    the process dies (exit 17) after writing checkpoint N's files but before committing it
     hang_after=N       every rank stops after finishing step N (logged, saved if due) and waits to be killed,
                        so a test's SIGKILL lands mid-training however fast the steps are
+    hang_rank=R        hang_after applies to rank R only (repeatable): the other ranks go on into the
+                       next collective and wait there, as behind a stalled or dead peer
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def crash_in_save(step: int) -> None:
 
 
 def hang_after(step: int) -> None:
-    if step in _FAULTS.get("hang_after", set()):
+    ranks = _FAULTS.get("hang_rank")
+    if step in _FAULTS.get("hang_after", set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks):
         while True:
             time.sleep(60)

@@ -1,36 +1,130 @@
-"""Process set-up shared by the entry points: distributed init, threads, determinism, seeding."""
+"""Process set-up shared by the entry points: distributed init, threads, determinism, seeding.
+
+Also what keeps a rank from outliving its job: a process-group timeout, a watch on the launcher that
+started it, one line instead of a traceback when a peer is lost, and the /dev/shm buffers unlinked on
+every way out we control.
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import glob
 import os
 import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
 
+# Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
+# (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
+_LAUNCHER_PROGRAMS = ("deepspeed", "sshd", "slurmstepd")
+EXIT_LOST_PEER = 4
 
-def init_distributed() -> None:
+
+def slurm_rank_env(environ: dict[str, str]) -> dict[str, str]:
+    """RANK/WORLD_SIZE/LOCAL_RANK/... for a task that `srun` started (DeepSpeed's `--launcher slurm`).
+
+    DeepSpeed's Slurm runner runs `srun -n N python app/train.py` and sets no rank variables; without this
+    every task would train alone as rank 0 of 1. Only inside a job step (SLURM_STEP_NUM_TASKS is set by
+    srun, not in the batch script itself), so a plain `python app/train.py` in a batch script stays world 1.
+    """
+    if "RANK" in environ or "SLURM_STEP_NUM_TASKS" not in environ or "SLURM_PROCID" not in environ:
+        return {}
+    node = int(environ.get("SLURM_NODEID", "0"))
+    per_node: list[int] = []  # "2(x3),1" -> [2, 2, 2, 1]
+    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", environ["SLURM_STEP_NUM_TASKS"]).split(","):
+        count, _, rep = part.partition("(x")
+        per_node += [int(count)] * (int(rep.rstrip(")")) if rep else 1)
+    out = {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": environ["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "LOCAL_SIZE": str(per_node[node] if node < len(per_node) else 1),
+        "MASTER_PORT": environ.get("MASTER_PORT", str(29500 + int(environ.get("SLURM_JOB_ID", "0")) % 1000)),
+    }
+    out["LOCAL_WORLD_SIZE"] = out["LOCAL_SIZE"]
+    if "MASTER_ADDR" not in environ:  # the first node of the step
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", environ.get("SLURM_STEP_NODELIST", "")],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        out["MASTER_ADDR"] = hosts[0] if hosts else "127.0.0.1"
+    return out
+
+
+def load_secrets(environ=os.environ) -> list[str]:
+    """Import KEY=VALUE lines from $MLSTM_DS_SECRETS_FILE (written 0600 by launch/train_multi_node.sh).
+
+    DeepSpeed's multi-node runner puts every forwarded variable on the command line it logs, so the
+    launch script forwards only this file's path; the values never appear in a command or a log. Variables
+    already set win. Returns the names imported (never the values).
+    """
+    path = environ.get("MLSTM_DS_SECRETS_FILE")
+    if not path:
+        return []
+    names = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        print(
+            f"warning: MLSTM_DS_SECRETS_FILE {path}: unreadable ({e.strerror}); no secrets imported",
+            file=sys.stderr,
+        )
+        return []
+    for line in lines:
+        key, eq, val = line.partition("=")
+        if eq and key.strip() and not key.lstrip().startswith("#") and key.strip() not in environ:
+            environ[key.strip()] = val
+            names.append(key.strip())
+    return names
+
+
+def init_distributed(timeout_s: float | None = None) -> None:
     """Initialise torch.distributed with the accelerator's backend (gloo on CPU, NCCL on CUDA).
 
-    Works under the deepspeed launcher (RANK/WORLD_SIZE set) and as a plain single process.
+    Works under the deepspeed launcher (RANK/WORLD_SIZE set), under srun (Slurm's variables mapped), and as
+    a plain single process. `timeout_s` bounds every collective (DeepSpeed's default: 10 minutes), so the
+    ranks of a dead or stalled peer stop instead of waiting.
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    if "RANK" not in os.environ:
+    launched = "RANK" in os.environ
+    os.environ.update(slurm_rank_env(dict(os.environ)))
+    launched = launched or "RANK" in os.environ
+    if not launched:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    secrets = load_secrets()
+    if launched:
+        watch_launcher()
     backend = get_accelerator().communication_backend_name()
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
-    atexit.register(
-        unlink_shm_segments, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], os.environ["RANK"]
-    )
+    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
+    atexit.register(release_own_shm)
+    if secrets and os.environ["RANK"] == "0":
+        print(
+            f"[rank 0] imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE", file=sys.stderr, flush=True
+        )
     if get_accelerator().device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def release_own_shm(every_rank: bool = False) -> None:
+    """This rank's buffers, or (every_rank) all of this job's on this node: when a peer died or the job is
+    over, a killed peer cannot unlink its own, and unlinking one another rank still maps is harmless."""
+    rank = "*" if every_rank else os.environ["RANK"]
+    unlink_shm_segments(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], rank)
 
 
 def unlink_shm_segments(addr: str, port: str, rank: str = "*") -> None:
@@ -42,6 +136,123 @@ def unlink_shm_segments(addr: str, port: str, rank: str = "*") -> None:
     for path in glob.glob(f"/dev/shm/deepspeed_*_{addr}_{port}_{rank}"):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process; the start time tells a reused pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), int(fields[19])
+
+
+def _is_launcher(pid: int) -> bool:
+    """The process is the DeepSpeed runner (`[python] .../deepspeed ...`), an sshd session or slurmstepd."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    programs = [a.split()[0].rsplit("/", 1)[-1].rstrip(":") for a in argv[:2] if a.strip()]
+    return any(p in _LAUNCHER_PROGRAMS for p in programs) or "deepspeed.launcher.runner" in argv
+
+
+def launcher_chain(pid: int | None = None, depth: int = 4) -> list[tuple[int, int]]:
+    """The ancestors whose death means this rank's job is over: up to the launcher (_LAUNCHER_PROGRAMS).
+
+    Without a launcher among the first `depth` ancestors, only the parent (a parent-death signal's reach).
+    """
+    chain: list[tuple[int, int]] = []
+    stat = _stat(pid or os.getpid())
+    while stat is not None and stat[0] > 1 and len(chain) < depth:
+        parent = stat[0]
+        stat = _stat(parent)
+        if stat is None:
+            break
+        chain.append((parent, stat[1]))
+        if _is_launcher(parent):
+            return chain
+    return chain[:1]
+
+
+def watch_launcher(interval_s: float = 0.5) -> int:
+    """Stop this rank soon after the launcher that started it dies (SIGKILL, OOM killer, lost ssh session).
+
+    DeepSpeed's launcher runs the ranks as children that survive it; a parent-death signal would only
+    cover the direct parent (DeepSpeed's per-node launch.py, which itself outlives the runner). So a small
+    forked watcher process polls the ancestors up to the launcher and, when one is gone, unlinks this
+    rank's /dev/shm buffers and SIGKILLs the rank. A process, not a thread: a rank blocked in a collective
+    can hold the GIL for as long as it waits (measured: a watcher thread never ran). The watcher dies with
+    the rank (PR_SET_PDEATHSIG). Returns the watcher's pid.
+    """
+    chain = launcher_chain()
+    rank_pid = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the watcher: plain os calls only (the rank's torch state is not safe to touch after fork)
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the rank
+        os.setsid()  # out of the rank's process group: a Ctrl-C meant for the job is the rank's to handle
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.closerange(3, 1 << 16)  # sockets and files of the rank stay the rank's
+        while os.getppid() == rank_pid:
+            time.sleep(interval_s)
+            gone = next((p for p, start in chain if (_stat(p) or (0, -1))[1] != start), None)
+            if gone is not None:  # stop the rank first: the message may have nowhere to go (a closed pipe)
+                release_own_shm(every_rank=True)
+                os.kill(rank_pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.write(2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; "
+                             "stopped this rank\n".encode())  # fmt: skip
+                break
+    finally:
+        os._exit(0)
+
+
+def _is_lost_peer(e: BaseException) -> bool:
+    import torch.distributed as dist
+
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("gloo", "Gloo", "NCCL", "Connection closed by peer", "Connection reset by peer")
+    )
+
+
+def exit_on_lost_peer(fn: Callable[..., int]) -> Callable[..., int]:
+    """A collective that fails (peer died, or stalled past --dist-timeout-s): one line, buffers unlinked, exit 4.
+
+    The process exits at once (os._exit): tearing down a process group whose peers are gone can hang.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if not _is_lost_peer(e) or "RANK" not in os.environ:
+                raise
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), e.__class__.__name__)
+            print(
+                f"error: rank {os.environ['RANK']} lost contact with its peers ({first[:200]}): a rank died or "
+                "stalled past --dist-timeout-s; rerun the same command to resume from the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            release_own_shm(every_rank=True)
+            os._exit(EXIT_LOST_PEER)
+
+    return wrapper
 
 
 def set_threads() -> int:

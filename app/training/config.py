@@ -69,6 +69,9 @@ class TrainConfig:
     """Show a progress bar on rank 0."""
     verbose: bool = False
     """Let DeepSpeed and other libraries log at INFO."""
+    dist_timeout_s: float = 600.0
+    """Seconds a collective waits for a peer before every rank stops with one line (a rank died or stalled).
+    Must exceed the longest pause of any rank, e.g. rank 0 writing a checkpoint."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -97,6 +100,7 @@ class TrainConfig:
         )
         need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         need(self.tokens_per_micro_batch >= 0, "tokens_per_micro_batch", "must be >= 0")
+        need(self.dist_timeout_s > 0, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
         need(self.max_consecutive_skips >= 1, "max_consecutive_skips", "must be >= 1")
         need(
             self.wandb_mode is None or self.wandb_mode in WANDB_MODES,

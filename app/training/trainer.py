@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from app.checkpoints import training as ckpt
+from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
 from app.common import faults
 from app.common.errors import UserError
 from app.common.files import atomic_write
@@ -64,7 +65,7 @@ class Trainer:
         self.model_cfg = load_model_config(
             cfg.model_config, self.data.tokenizer["vocab_size"], model_overrides
         )
-        init_distributed()
+        init_distributed(cfg.dist_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.threads = set_threads()
         self.layout = resolve_layout(
@@ -286,11 +287,15 @@ class Trainer:
         """A complete checkpoint of this step on every rank, committed by rank 0 once all have written."""
         st = self.state
         tag = ckpt.tag_for(st.step)
-        self.engine.ds.save_checkpoint(str(self.root), tag=tag, save_latest=False)
-        ckpt.write_rank_state(self.root / tag, self.rank)
-        faults.crash_in_save(st.step)
-        dist.barrier()
-        if self.rank == 0:
+
+        def write() -> None:
+            deepspeed_save(self.engine.ds, self.root, tag)
+            ckpt.write_rank_state(self.root / tag, self.rank)
+            faults.crash_in_save(st.step)
+
+        def commit() -> None:
+            if self.rank != 0:
+                return
             app_state = {
                 "step": st.step,
                 "skipped_total": st.skipped_total,
@@ -306,7 +311,10 @@ class Trainer:
             self.log.info(
                 f"saved {self.root / tag}" + (f" (removed {', '.join(removed)})" if removed else "")
             )
-        dist.barrier()
+
+        # every rank learns of a failed write (disk full) on any rank: one line, the partial save removed
+        run_on_all_ranks(write, self.root, tag, self.engine.device)
+        run_on_all_ranks(commit, self.root, tag, self.engine.device)
         st.last_saved = st.step
 
     # ---- the end

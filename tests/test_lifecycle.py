@@ -1,0 +1,119 @@
+"""Ranks never outlive their job: a stalled peer, a killed launcher, a full disk during a save.
+
+Real `deepspeed` launches (CPU, gloo) with the reference run's settings (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import REF_STEPS
+from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, train_args, train_losses
+from test_multinode import LOST, REF_ARGS, alive, assert_same_losses, rank_pids, shm_left, wait_until
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+
+
+def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_path):
+    """Rank 1 stalls after step 2 (alive, silent): rank 0 stops after --dist-timeout-s with one line (not
+    DeepSpeed's 10 minutes), the job exits non-zero and no /dev/shm buffer of the run is left."""
+    out, timeout_s = tmp_path / "stall", 8
+    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, *REF_ARGS,
+                        "--wandb-mode", "disabled", "--dist-timeout-s", str(timeout_s)))  # fmt: skip
+    port = _PORTS[-1]
+    log_path = tmp_path / "launch.log"  # a file, not a pipe nobody reads while we wait
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=2,hang_rank=1"),
+                         stdout=subprocess.DEVNULL, stderr=log_path.open("w"))  # fmt: skip
+    try:
+        wait_until(lambda: 2 in train_losses(out), 240, "step 2", p)
+        t_stall = time.time()
+        p.wait(timeout=timeout_s + 90)
+        elapsed = time.time() - t_stall
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = log_path.read_text()
+    assert p.returncode != 0
+    lines = [ln for ln in err.splitlines() if LOST in ln]
+    assert len(lines) == 1 and "error: rank 0" in lines[0], err[-4000:]
+    assert "Traceback" not in err
+    assert elapsed < timeout_s + 60, f"stopped {elapsed:.0f}s after the stall (timeout {timeout_s}s)"
+    assert not shm_left(port), shm_left(port)
+
+
+def test_launcher_sigkill_stops_ranks_and_rerun_starts_clean(reference_run, prepared_dir, tmp_path):
+    """SIGKILL of the `deepspeed` launcher alone (OOM killer, hard stop): its ranks exit within seconds,
+    unlink their buffers, and the same command on the same port resumes instead of EADDRINUSE."""
+    out = tmp_path / "orphans"
+    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, "--save-every",
+                        "2", "--keep-last", "2", "--eval-every", "4", "--wandb-mode", "disabled"))  # fmt: skip
+    port = _PORTS[-1]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=2"), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        wait_until(
+            lambda: (out / "checkpoints" / "step_00000002" / "COMPLETE").exists(), 240, "checkpoint 2", p
+        )
+        wait_until(lambda: len(rank_pids(out)) == 2, 30, "both ranks")
+        ranks = rank_pids(out)
+        p.send_signal(signal.SIGKILL)  # the runner only; launch.py and the ranks are its descendants
+        p.wait()
+        t_kill = time.time()
+        wait_until(lambda: not any(alive(pid) for pid in ranks.values()), 20, "the ranks to exit")
+        exited_after = time.time() - t_kill
+    finally:
+        os.killpg(p.pid, signal.SIGKILL) if any(alive(pid) for pid in rank_pids(out).values()) else None
+    assert exited_after < 20
+    wait_until(lambda: not shm_left(port), 10, "the ranks' /dev/shm buffers to go")
+
+    rerun = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), *cmd[5:]]
+    q = subprocess.run(rerun, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr[-4000:]
+    assert "EADDRINUSE" not in q.stderr and "address already in use" not in q.stderr.lower()
+    assert "step_00000002 at step 2" in q.stderr
+    assert_same_losses(train_losses(out), train_losses(reference_run[0]), 1e-6)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MB filesystem (tmpfs) that holds one debug-model checkpoint (1.9 MB) but not two."""
+    mnt = tmp_path / "small_disk"
+    mnt.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if p.returncode != 0:
+        print(f"\nmultinode: cannot mount a small tmpfs: {p.stderr.strip()}")
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_during_save_is_one_line_and_keeps_the_previous_checkpoint(prepared_dir, small_disk):
+    out = small_disk / "run"
+    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, "--save-every",
+                        "2", "--keep-last", "5", "--eval-every", "0", "--wandb-mode", "disabled"))  # fmt: skip
+    port = _PORTS[-1]
+    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "step_00000004 failed on rank" in errors[0], p.stderr[-4000:]
+    assert "no space left on the device" in errors[0] and "step_00000002" in errors[0], errors[0]
+    assert "Traceback" not in p.stderr, p.stderr[-4000:]
+    ckpts = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert ckpts == ["step_00000002"], ckpts  # the partial save is gone, freeing its space
+    assert (out / "checkpoints" / "step_00000002" / "COMPLETE").exists()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    assert not shm_left(port), shm_left(port)
+    assert not rank_pids(out)
+    # the previous checkpoint really is usable: the run resumes from it elsewhere
+    moved = small_disk.parent / "moved"
+    shutil.copytree(out, moved)
+    again = deepspeed_cmd(2, "app/train.py", [str(moved) if a == str(out) else a for a in cmd[6:]])
+    q = subprocess.run(again, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0 and "step_00000002 at step 2" in q.stderr, q.stderr[-3000:]

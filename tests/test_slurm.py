@@ -1,0 +1,63 @@
+"""`sbatch launch/slurm_train.sbatch` on a real single-node Slurm (slurmctld + slurmd + munged, tests/cluster.py).
+
+DeepSpeed's `--launcher slurm` starts one srun task per rank; each must learn its rank from Slurm, so the
+job trains as one world of 2 (not two worlds of 1 writing the same run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import FAKE_WANDB_KEY, REF_STEPS
+from launcher import ROOT, env, free_port, train_losses
+from test_multinode import REF_ARGS, assert_same_losses, script_args
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+
+
+def test_sbatch_two_tasks_train_as_one_world(slurm_cluster, reference_run, prepared_dir, tmp_path):
+    out = tmp_path / "slurm-run"
+    e = env(
+        **slurm_cluster.env, DS_CONFIG="ds_configs/cpu_pp2_zero1.json", STAGES="2", DATA=str(prepared_dir),
+        OUT=str(out), MAX_STEPS=REF_STEPS, MODEL="debug", SECRET_DIR=str(tmp_path / "secrets"),
+        WANDB_API_KEY=FAKE_WANDB_KEY,
+    )  # fmt: skip
+    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1",
+              "--time=10", "launch/slurm_train.sbatch", *script_args(*REF_ARGS, "--wandb-mode", "offline")]  # fmt: skip
+    p = subprocess.run(sbatch, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    job = p.stdout.strip().split(";")[0]
+    state = slurm_cluster.wait_job(job, 400)
+    # the job log goes to the submit directory, which always exists (runs/ need not: a fresh checkout)
+    log_path = ROOT / f"mlstm-ds-{job}.out"
+    log = log_path.read_text() if log_path.exists() else "(no job log)"
+    log_path.unlink(missing_ok=True)
+    assert state == "COMPLETED", f"{state}\n{log[-6000:]}"
+    assert os.readlink(out / f"slurm-{job}.out") == str(log_path), "job log not linked from the run"
+    assert "srun -n 2" in log, "DeepSpeed's slurm launcher did not start the ranks"
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    assert_same_losses(train_losses(out), train_losses(reference_run[0]), 1e-6)
+    assert FAKE_WANDB_KEY not in log
+    for f in out.rglob("*"):
+        assert not f.is_file() or FAKE_WANDB_KEY.encode() not in f.read_bytes(), f"API key in {f}"
+    assert list((out / "wandb").glob("offline-run-*/*.wandb")), "no W&B run on rank 0"
+    assert not os.listdir(tmp_path / "secrets"), "secrets/env files outlived the job"
+
+
+def test_srun_tasks_get_rank_and_world_from_slurm(slurm_cluster, prepared_dir, tmp_path):
+    """What DeepSpeed's `--launcher slurm` runs, `srun -n 2 python app/train.py`, with no RANK/WORLD_SIZE set:
+    the two tasks form one world of 2 (each used to start alone as rank 0 of 1)."""
+    e = env(**slurm_cluster.env, MASTER_PORT=str(free_port()))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        e.pop(var, None)
+    cmd = ["srun", "-n", "2", "--cpus-per-task=1", sys.executable, "-u", "app/train.py", "--dry-run",
+           "--deepspeed_config", "ds_configs/cpu_pp2_zero1.json", "--data", str(prepared_dir), "--out",
+           str(tmp_path / "dry"), "--pipeline-stages", "2", "--model-config", "debug"]  # fmt: skip
+    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    worlds = [ln for ln in p.stderr.splitlines() if "INFO world " in ln]
+    assert len(worlds) == 1 and "world 2 = 2 stages x 1 data-parallel" in worlds[0], p.stderr[-3000:]
