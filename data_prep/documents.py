@@ -127,9 +127,14 @@ def explode_files(rows, *, is_json: set[int], doc_split: str, text_field: str, n
         fn_kwargs={"is_json": is_json, "doc_split": doc_split, "text_field": text_field},
         remove_columns=rows.column_names,
         features=features,
-        new_fingerprint=f"explode-{rows._fingerprint}-{doc_split}-{text_field}-{len(is_json)}",
+        new_fingerprint=_fp(f"explode-{rows._fingerprint}-{doc_split}-{text_field}-{len(is_json)}"),
         desc="Reading documents",
     )
+
+
+def _fp(key: str) -> str:
+    """datasets caps fingerprints at 64 characters and appends a shard suffix with num_proc > 1: hash the key."""
+    return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
 def content_id(data: bytes) -> int:
@@ -194,6 +199,6 @@ def clean(records, *, seed: int, bad_utf8: set[int], num_proc: int):
         fn_kwargs={"seed": seed, "bad_utf8": bad_utf8},
         remove_columns=records.column_names,
         features=features,
-        new_fingerprint=f"clean-{records._fingerprint}-{seed}",
+        new_fingerprint=_fp(f"clean-{records._fingerprint}-{seed}"),
         desc="Checking documents",
     )
