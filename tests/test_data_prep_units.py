@@ -1,4 +1,4 @@
-"""Fast unit checks: bucket boundaries and split assignment."""
+"""Fast unit checks: bucket boundaries, split assignment, segment splits."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from data_prep import buckets, splits
+from data_prep.encode import segment_codes
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -25,11 +26,25 @@ def test_bucket_invariants(seed):
     assert eff >= buckets.padding_efficiency(lengths, None, 16, seed) and eff > 0.9
 
 
-def test_split_assignment_is_pure_and_rescues_tiny_corpora():
+def test_split_assignment_is_pure():
     u = np.random.default_rng(0).random(1000)
-    codes, notes = splits.assign(u, 0.1, 0.1)
-    assert notes == [] and abs((codes == 1).mean() - 0.1) < 0.03 and abs((codes == 2).mean() - 0.1) < 0.03
-    more, _ = splits.assign(np.concatenate([u, np.random.default_rng(1).random(500)]), 0.1, 0.1)
+    codes = splits.assign(u, 0.1, 0.1)
+    assert abs((codes == 1).mean() - 0.1) < 0.03 and abs((codes == 2).mean() - 0.1) < 0.03
+    assert codes.tolist() == [splits.code_of(x, 0.1, 0.1) for x in u]
+    more = splits.assign(np.concatenate([u, np.random.default_rng(1).random(500)]), 0.1, 0.1)
     assert (more[:1000] == codes).all()
-    tiny, notes = splits.assign(np.array([0.5, 0.6, 0.7, 0.8]), 0.05, 0.05)
-    assert sorted(tiny.tolist()) == [0, 0, 1, 2] and len(notes) == 2
+
+
+@pytest.mark.parametrize("val,test", [(0.05, 0.05), (0.1, 0.0), (0.3, 0.3)])
+def test_segment_codes_are_contiguous_runs(val, test):
+    n_chunks = np.array([1, 2, 3, 7, 20, 400])
+    codes = segment_codes(n_chunks, val, test)
+    assert len(codes) == n_chunks.sum()
+    for doc in np.split(codes, np.cumsum(n_chunks)[:-1]):
+        assert (np.diff(doc) >= 0).all() and doc[0] == 0  # train, then validation, then test
+        n = len(doc)
+        if n >= 3:
+            assert ((doc == 1).sum() >= 1) == (val > 0) and ((doc == 2).sum() >= 1) == (test > 0)
+            assert abs((doc == 1).sum() - val * n) <= 1 and abs((doc == 2).sum() - test * n) <= 1
+        else:
+            assert (doc == 0).all()
