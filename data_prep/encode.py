@@ -9,7 +9,7 @@ UTF-8 bytes; that identity is checked per document here.
 Split of a chunk: the document's hash split, or, in *segment* mode (a corpus with too few documents
 for every split to get one by hash), contiguous runs of each document's chunks: the first
 ``1 - val - test`` of them train, then validation, then test (at least one each when the document
-has three chunks or more), as nanoGPT splits one text.
+has three chunks or more; shorter ones stay whole in train), as nanoGPT splits one text.
 """
 
 from __future__ import annotations
@@ -109,9 +109,7 @@ class EncodeFn:
         if self.segment is None:
             code = np.repeat(block.split, n_chunks)
         else:
-            code = segment_codes(n_chunks, *self.segment)
-            small = np.repeat(n_chunks < 3, n_chunks)  # too short to cut: keeps its hash split
-            code = np.where(small, np.repeat(block.split, n_chunks), code).astype(np.int8)
+            code = segment_codes(n_chunks, *self.segment)  # documents under 3 chunks stay whole in train
         tables, docs = [], np.zeros(N_SPLITS, np.int64)
         for c in range(N_SPLITS):
             idx = np.flatnonzero(code == c)

@@ -151,7 +151,7 @@ def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
     empty, moves = [], []
     lowest = list(scan["lowest_train"])
     train_docs = scan["split_docs"][0]
-    segments = False
+    segments = train_docs == 0  # everything hashed to validation/test: only possible with very few documents
     for name, code, frac in (("validation", 1, cfg.val_fraction), ("test", 2, cfg.test_fraction)):
         if frac <= 0 or scan["split_docs"][code] > 0:
             continue
@@ -317,11 +317,6 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
             f"no documents left in {w}: all {scan['records']} records were skipped ("
             + ", ".join(f"{r} {n}" for r, n in scan["skipped"].items() if n)
             + ")"
-        )
-    if scan["split_docs"][0] == 0:
-        raise UserError(
-            f"no documents left for training: all {scan['kept']} went to validation/test; "
-            "lower --val-fraction/--test-fraction"
         )
     if "split_mode" not in scan:  # decided once; a resumed run reads it from the manifest
         scan["empty_by_hash"] = _rescue(cfg, scan)
