@@ -83,7 +83,14 @@ def open_out(out: Path, overwrite: bool, key: dict[str, Any]) -> dict[str, Any]:
             except (OSError, ValueError):
                 old = {}
             if old.get("manifest_version") != MANIFEST_VERSION or old.get("key") != key:
-                changed = sorted(k for k in key if (old.get("key") or {}).get(k) != key[k]) or ["format"]
+                was = old.get("key") or {}
+                changed = ["input files"] if was.get("input") != key["input"] else []
+                changed += [
+                    "--" + k.replace("_", "-")
+                    for k, v in key["settings"].items()
+                    if (was.get("settings") or {}).get(k) != v
+                ]
+                changed = changed or ["format"]
                 raise UserError(
                     f"{out}: holds an unfinished data_prep run with other {', '.join(changed)}; "
                     "rerun that command to resume it, or pass --overwrite to start again"

@@ -52,7 +52,9 @@ def variants(tmp_path_factory) -> dict[str, Path]:
     if not (FIELDTEST / "make_variants.py").is_file():
         pytest.skip(f"field-test kit not found at {FIELDTEST}")
     full = tmp_path_factory.mktemp("variants_full")
-    subprocess.run([sys.executable, str(FIELDTEST / "make_variants.py"), str(full)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(FIELDTEST / "make_variants.py"), str(full)], check=True, capture_output=True
+    )
     d = tmp_path_factory.mktemp("variants")
     v: dict[str, Path] = {}
     # text: the English book as shipped (BOM, CRLF) and with blank-line paragraphs, and Japanese lines
@@ -132,13 +134,20 @@ def test_text_doc_split_and_workers(variants, tmp_path, name, doc_split):
 @pytest.mark.parametrize("doc_split", ["file", "paragraph", "line"])
 def test_compressed_text_equals_plain(variants, tmp_path, ext, doc_split):
     plain = _prep(variants["en_para"], tmp_path / "plain", "--tokenizer", "byte", "--doc-split", doc_split)
-    packed = _prep(variants["en_para" + ext], tmp_path / "packed", "--tokenizer", "byte", "--doc-split", doc_split)
+    packed = _prep(
+        variants["en_para" + ext], tmp_path / "packed", "--tokenizer", "byte", "--doc-split", doc_split
+    )
     assert _shard_hashes(tmp_path / "plain") == _shard_hashes(tmp_path / "packed")
-    assert plain["splits"] == packed["splits"] and plain["source"]["fingerprint"] == packed["source"]["fingerprint"]
+    assert (
+        plain["splits"] == packed["splits"]
+        and plain["source"]["fingerprint"] == packed["source"]["fingerprint"]
+    )
 
 
 @pytest.mark.parametrize("num_proc", ["1", "2"])
-@pytest.mark.parametrize("name", ["jsonl", "jsonl.gz", "jsonl.xz", "jsonl.zst", "json_array", "csv", "tsv", "parquet"])
+@pytest.mark.parametrize(
+    "name", ["jsonl", "jsonl.gz", "jsonl.xz", "jsonl.zst", "json_array", "csv", "tsv", "parquet"]
+)
 def test_row_formats(variants, tmp_path, name, num_proc):
     meta = _prep(variants[name], tmp_path / "o", "--tokenizer", "byte", "--num-proc", num_proc)
     _check_counts(meta, [r["text"] for r in variants["_rows"] if r["text"].strip()])
@@ -148,7 +157,8 @@ def test_row_formats(variants, tmp_path, name, num_proc):
 
 
 @pytest.mark.parametrize(
-    "name,doc_split", [("en_para", "paragraph"), ("ja", "line"), ("en_para.zst", "paragraph"), ("jsonl.gz", "file")]
+    "name,doc_split",
+    [("en_para", "paragraph"), ("ja", "line"), ("en_para.zst", "paragraph"), ("jsonl.gz", "file")],
 )
 def test_sentencepiece_on_real_text(variants, tmp_path, name, doc_split):
     """A trained tokenizer, two workers: documents decode back to the reference text exactly."""
