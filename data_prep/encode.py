@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from data_prep.splits import SPLIT_CODES
+from data_prep import documents
+from data_prep.splits import SPLIT_CODES, code_of
 from data_prep.tokenizer import Tokenizer
 
 EXAMPLE_SCHEMA = pa.schema(
@@ -39,13 +40,10 @@ class LossyTokenizerError(RuntimeError):
 
 @dataclass(slots=True)
 class Block:
-    """Documents handed to one worker call (the main process fills it while reading)."""
+    """Records handed to one worker call, as read (the main process only reads; workers check and hash)."""
 
-    texts: list[str]
-    doc_id: np.ndarray  # (n,) int64
-    num_bytes: np.ndarray  # (n,) int64
-    split: np.ndarray  # (n,) int8 hash split code
-    eos: np.ndarray  # (n,) bool: the document ends here (not a cut part of a longer one)
+    texts: list[str | None]
+    eos: list[bool]  # the document ends here (not a cut part of a longer one)
 
 
 @dataclass(slots=True)
@@ -74,17 +72,47 @@ def segment_codes(n_chunks: np.ndarray, val: float, test: float) -> np.ndarray:
 class EncodeFn:
     """Picklable: Block -> Encoded."""
 
-    def __init__(self, tokenizer: Tokenizer, max_seq_len: int, segment: tuple[float, float] | None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_seq_len: int,
+        *,
+        seed: int,
+        fractions: tuple[float, float],
+        moves: dict[float, int],
+        segments: bool,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
-        self.segment = segment  # (val, test) fractions in segment mode, else None
+        self.seed, self.fractions, self.moves = seed, fractions, moves
+        self.segments = segments  # contiguous segments per document instead of whole documents per split
+
+    def _documents(self, block: Block):
+        texts, doc_id, num_bytes, split, eos = [], [], [], [], []
+        records = ((t, "", 0, 0, e) for t, e in zip(block.texts, block.eos))
+        for text, reason, d, u, n, e, _, _ in documents.check(records, self.seed):
+            if reason:
+                continue  # counted by the scan
+            texts.append(text)
+            doc_id.append(d)
+            num_bytes.append(n)
+            split.append(self.moves.get(u, code_of(u, *self.fractions)))
+            eos.append(e)
+        return (
+            texts,
+            np.array(doc_id, np.int64),
+            np.array(num_bytes, np.int64),
+            np.array(split, np.int8),
+            np.array(eos, bool),
+        )
 
     def __call__(self, block: Block) -> Encoded:
         tok, L = self.tokenizer, self.max_seq_len
-        parts = tok.encode_arrays(block.texts)
+        texts, doc_ids, doc_bytes, doc_split, doc_eos = self._documents(block)
+        parts = tok.encode_arrays(texts)
         eos = np.array([tok.eos_id], dtype=np.int32)
-        counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts)) + block.eos
-        pieces = [a for p, e in zip(parts, block.eos) for a in ((p, eos) if e else (p,))]
+        counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts)) + doc_eos
+        pieces = [a for p, e in zip(parts, doc_eos) for a in ((p, eos) if e else (p,))]
         flat = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
         doc_end = np.cumsum(counts)
         doc_start = doc_end - counts
@@ -97,19 +125,19 @@ class EncodeFn:
 
         cum = np.concatenate([[0], np.cumsum(tok.token_bytes[flat])])
         got = cum[doc_end] - cum[doc_start]
-        if not np.array_equal(got, block.num_bytes):
-            i = int(np.flatnonzero(got != block.num_bytes)[0])
+        if not np.array_equal(got, doc_bytes):
+            i = int(np.flatnonzero(got != doc_bytes)[0])
             raise LossyTokenizerError(
-                f"tokenizer is not lossless on document {int(block.doc_id[i])}: "
-                f"{got[i]} token bytes vs {block.num_bytes[i]} UTF-8 bytes"
+                f"tokenizer is not lossless on document {int(doc_ids[i])}: "
+                f"{got[i]} token bytes vs {doc_bytes[i]} UTF-8 bytes"
             )
         num_bytes = cum[ends] - cum[starts]
         lengths = (ends - starts).astype(np.int32)
         doc_of_chunk = np.repeat(np.arange(len(counts)), n_chunks)
-        if self.segment is None:
-            code = np.repeat(block.split, n_chunks)
+        if self.segments:
+            code = segment_codes(n_chunks, *self.fractions)  # documents under 3 chunks stay whole in train
         else:
-            code = segment_codes(n_chunks, *self.segment)  # documents under 3 chunks stay whole in train
+            code = np.repeat(doc_split, n_chunks)
         tables, docs = [], np.zeros(N_SPLITS, np.int64)
         for c in range(N_SPLITS):
             idx = np.flatnonzero(code == c)
@@ -125,7 +153,7 @@ class EncodeFn:
                         pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat[gather])),
                         pa.array(lengths[idx]),
                         pa.array(num_bytes[idx].astype(np.int64)),
-                        pa.array(block.doc_id[doc_of_chunk[idx]]),
+                        pa.array(doc_ids[doc_of_chunk[idx]]),
                     ],
                     schema=EXAMPLE_SCHEMA,
                 )

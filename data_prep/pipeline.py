@@ -172,39 +172,25 @@ def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
     return empty
 
 
-def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int, moves: list) -> Iterator[Block | None]:
-    """Kept documents in blocks of about --block-mb (the first ``skip`` blocks as None: already written)."""
+def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block | None]:
+    """Records in blocks of about --block-mb characters (the first ``skip`` blocks as None: already written).
+    Records the reader already rejected are dropped here; workers apply the remaining rules."""
     limit = int(cfg.block_mb * 1e6)
-    texts: list[str] = []
-    cols: list[tuple[int, int, int, bool]] = []
+    texts: list[str | None] = []
+    eos: list[bool] = []
     size = index = 0
-
-    def make() -> Block | None:
-        if index < skip:
-            return None
-        arr = np.array([c[:3] for c in cols], dtype=np.int64).reshape(-1, 3)
-        return Block(
-            texts=list(texts),
-            doc_id=arr[:, 0],
-            num_bytes=arr[:, 1],
-            split=arr[:, 2].astype(np.int8),
-            eos=np.array([c[3] for c in cols], dtype=bool),
-        )
-
-    moved = {u: code for u, code in moves}
-    for text, reason, doc_id, u, nbytes, eos, _, _ in documents.check(srcs.records(), cfg.seed):
-        if reason:
+    for text, reason, _, _, end in srcs.records():
+        if reason or text is None:
             continue
         if index >= skip:
             texts.append(text)
-        code = moved.get(u, splits.code_of(u, cfg.val_fraction, cfg.test_fraction))
-        cols.append((doc_id, nbytes, code, eos))
-        size += nbytes
+            eos.append(end)
+        size += len(text) + 1
         if size >= limit:
-            yield make()
-            texts, cols, size, index = [], [], 0, index + 1
-    if cols:
-        yield make()
+            yield Block(texts, eos) if index >= skip else None
+            texts, eos, size, index = [], [], 0, index + 1
+    if size:
+        yield Block(texts, eos) if index >= skip else None
 
 
 _WORKER_FN: EncodeFn | None = None
@@ -327,16 +313,20 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     del sample
 
     skip_blocks = shards.keep_finished(out, manifest)
-    segment = (cfg.val_fraction, cfg.test_fraction) if scan["split_mode"] == "segments" else None
-    fn = EncodeFn(tok, cfg.max_seq_len, segment)
+    fn = EncodeFn(
+        tok,
+        cfg.max_seq_len,
+        seed=cfg.seed,
+        fractions=(cfg.val_fraction, cfg.test_fraction),
+        moves={u: code for u, code in scan["moves"]},
+        segments=scan["split_mode"] == "segments",
+    )
     writer = shards.GroupWriter(out, manifest, int(cfg.shard_mb * 1e6), cfg.max_seq_len)
     t_encode = time.perf_counter()
     consumed = skip_blocks
     done_bytes = 0
     try:
-        for consumed, encoded in _encode_stream(
-            fn, _blocks(cfg, srcs, skip_blocks, scan["moves"]), cfg.num_proc
-        ):
+        for consumed, encoded in _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc):
             writer.add(encoded, consumed)
             done_bytes += sum(int(t.column("num_bytes").to_numpy().sum()) for t in encoded.tables)
             if consumed % 16 == 0:

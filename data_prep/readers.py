@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import lzma
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ COMPRESSIONS = (".gz", ".xz", ".zst")
 # line, at this size) into parts that are tokenized, hashed and split as separate units: what bounds
 # memory per document. Changing it changes the output, so it is a constant, not a flag.
 PART_CHARS = 1 << 20
+CHUNK_BYTES = 1 << 20  # read size; lines are completed past it, so chunks end at a line end
 Record = tuple[str | None, str, int, bool]  # (text, skip reason or "", first line, ends the document)
 
 
@@ -66,50 +68,64 @@ def _incomplete_tail(data: bytes) -> int:
     return 0
 
 
-def iter_lines(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int, bool]]:
-    """(text, line number, complete) for each line without its newline; a line longer than PART_CHARS
-    bytes comes in several pieces, all but the last with ``complete`` False."""
+def iter_chunks(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int]]:
+    """(text, line number of its first character): the file decoded in pieces of about CHUNK_BYTES that
+    end at a line end (unless one line is longer than 2 * CHUNK_BYTES), newlines normalised."""
     f = open_binary(path)
     lineno, offset, carry, cr_pending = 1, 0, b"", False
     try:
         while True:
             try:
-                raw = f.readline(PART_CHARS)
+                raw = f.read(CHUNK_BYTES)
+                if raw and not raw.endswith(b"\n"):
+                    raw += f.readline(CHUNK_BYTES)  # finish the line, within bounds
             except (OSError, EOFError, lzma.LZMAError) as exc:
-                raise UserError(f"{path}: cannot read file at line {lineno} ({exc})") from exc
+                raise UserError(f"{path}: cannot read file near line {lineno} ({exc})") from exc
             except Exception as exc:  # zstandard.ZstdError and friends
-                raise UserError(f"{path}: cannot decompress at line {lineno} ({exc})") from exc
+                raise UserError(f"{path}: cannot decompress near line {lineno} ({exc})") from exc
             eof = not raw
             data = carry + raw
             cut = len(data) if eof or data.endswith(b"\n") else len(data) - _incomplete_tail(data)
             data, carry = data[:cut], data[cut:]
-            if not data:
-                if eof:
-                    return
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if utf8.first_bad is None:
-                    utf8.first_bad = (lineno, offset + exc.start)
-                text = data.decode("utf-8", errors="replace")
-            offset += len(data)
-            if cr_pending and text.startswith("\n"):
-                text = text[1:]  # the \n of a \r\n split across two reads
-            cr_pending = text.endswith("\r")
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-            parts = text.split("\n")
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                if last and part == "":
-                    break  # the text ended with a newline
-                yield part, lineno, not last or eof
-                if not last:
-                    lineno += 1
+            if data:
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if utf8.first_bad is None:
+                        utf8.first_bad = (lineno + data.count(b"\n", 0, exc.start), offset + exc.start)
+                    text = data.decode("utf-8", errors="replace")
+                offset += len(data)
+                if cr_pending and text.startswith("\n"):
+                    text = text[1:]  # the \n of a \r\n split across two reads
+                cr_pending = text.endswith("\r")
+                if "\r" in text:
+                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                if text:
+                    yield text, lineno
+                    lineno += text.count("\n")
             if eof:
                 return
     finally:
         f.close()
+
+
+def iter_lines(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int, bool]]:
+    """(text, line number, complete) for each line without its newline; a line longer than PART_CHARS
+    comes in several pieces, all but the last with ``complete`` False."""
+    partial, first = "", 1
+    for text, lineno in iter_chunks(path, utf8):
+        lines = text.split("\n")
+        if partial:
+            lines[0] = partial + lines[0]
+            lineno = first
+        for i in range(len(lines) - 1):
+            yield lines[i], lineno + i, True
+        partial, first = lines[-1], lineno + len(lines) - 1
+        if len(partial) >= PART_CHARS:
+            yield partial, first, False
+            partial = ""
+    if partial:
+        yield partial, first, False
 
 
 class _Parts:
@@ -147,37 +163,55 @@ class _Parts:
         self.pieces, self.size, self.held = [], 0, None
 
 
+_PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")
+
+
 def text_records(path: Path, doc_split: str, utf8: Utf8State) -> Iterator[Record]:
     """Documents of a plain-text file: the whole file (its newlines kept), blank-line paragraphs, or lines;
-    parts of about PART_CHARS characters for longer ones."""
-    doc = _Parts()
-    if doc_split == "file":
-        seen = False
-        for text, lineno, complete in iter_lines(path, utf8):
-            seen = True
-            yield from doc.add(text + "\n" if complete else text, lineno)
-        if not seen:
-            yield "", "", 1, True  # an empty file is one (empty, skipped) document
-        yield from doc.end()
-        return
+    parts of about PART_CHARS characters (cut at line ends) for longer ones."""
     if doc_split == "line":
+        doc = _Parts()
         for text, lineno, complete in iter_lines(path, utf8):
+            if complete and doc.held is None and not doc.pieces:
+                yield text, "", lineno, True  # the common case, without the accumulator
+                continue
             yield from doc.add(text, lineno)
             if complete:
                 yield from doc.end()
         yield from doc.end()
         return
-    # paragraph: non-blank lines joined by newlines; whitespace-only lines separate paragraphs
-    partial = False
-    for text, lineno, complete in iter_lines(path, utf8):
-        if not partial and complete and not text.strip():
+    if doc_split == "file":
+        doc, seen = _Parts(), False
+        for text, lineno in iter_chunks(path, utf8):
+            seen = True
+            yield from doc.add(text, lineno)
+        if not seen:
+            yield "", "", 1, True  # an empty file is one (empty, skipped) document
+        yield from doc.end()
+        return
+    # paragraph: the text between runs of whitespace-only lines (as one regex split of the whole file);
+    # the text after a chunk's last break is carried into the next chunk, where the break may complete
+    doc, carry, line, emitted = _Parts(), "", 1, False
+    for text, lineno in iter_chunks(path, utf8):
+        text, start = carry + text, 0
+        lineno = line if carry else lineno
+        for m in _PARAGRAPH_BREAK.finditer(text):
+            yield from doc.add(text[start : m.start()], lineno)
             yield from doc.end()
-            continue
-        if doc.pieces and not partial:
-            yield from doc.add("\n", lineno)
-        yield from doc.add(text, lineno)
-        partial = not complete
-    yield from doc.end()
+            emitted = True
+            lineno += text.count("\n", start, m.end())
+            start = m.end()
+        carry, line = text[start:], lineno
+        if len(carry) >= PART_CHARS:  # a paragraph longer than a part: hand over all but its trailing blanks
+            i = len(carry.rstrip("\n \t\r\f\v"))
+            yield from doc.add(carry[:i], line)
+            line += carry.count("\n", 0, i)
+            carry = carry[i:]
+    tail = carry.rstrip("\n")
+    if doc.pieces or doc.held is not None or tail.strip() or not emitted:
+        if tail or not emitted:
+            yield from doc.add(tail, line)
+        yield from doc.end()
 
 
 _MALFORMED = object()
