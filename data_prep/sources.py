@@ -117,7 +117,8 @@ def _fmt_for(path: Path, forced: str) -> str:
     if fmt is None:
         raise UserError(
             f"{path}: unknown format (extension {path.suffix or 'none'!r}); supported: "
-            f"{' '.join(sorted(EXTENSIONS))}; pass --format text to read it as plain text"
+            f"{' '.join(sorted(EXTENSIONS))} (text and JSON also as .gz/.xz/.zst); "
+            "pass --format text to read it as plain text"
         )
     return fmt
 
