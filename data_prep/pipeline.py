@@ -39,7 +39,10 @@ from data_prep.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 MAX_EXAMPLES_SHOWN = 3
-EFFICIENCY_SAMPLE = 2_000_000  # train lengths drawn from the histogram to estimate padding efficiency
+EFFICIENCY_SAMPLE = 2_000_000
+# SentencePiece's trainer gives a different model for a different thread count, so the count is fixed
+# (not --num-proc): the output must not depend on how many workers encode it.
+SPM_TRAIN_THREADS = 4  # train lengths drawn from the histogram to estimate padding efficiency
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -71,15 +74,17 @@ def _run_key(cfg: PrepConfig, srcs: sources.Sources) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], list[str]]:
+def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
     """Pass 1: counts, skip examples, split sizes by hash, the source fingerprint and the tokenizer sample."""
     skipped: Counter = Counter({r: 0 for r in documents.SKIP_REASONS})
     where: dict[str, list[str]] = {r: [] for r in documents.SKIP_REASONS}
     split_docs = np.zeros(3, np.int64)
     with_fffd: Counter = Counter()
     fingerprint = hashlib.blake2b(digest_size=16)
-    heap: list[tuple[float, int, str]] = []  # (-u, order, text): the train docs with the smallest u
-    budget, held = int(cfg.tokenizer_train_mb * 1e6), 0
+    budget = int(cfg.tokenizer_train_mb * 1e6)
+    # (-u, order, text) of the documents with the smallest u: among train ones, and (for a corpus that
+    # ends up cut into segments, whose one book may have hashed to validation) among all
+    train_sample, any_sample = _Sample(budget), _Sample(budget)
     records = kept = total_bytes = 0
     lowest: dict[float, list[int]] = {}  # the two smallest u of train documents: [copies, bytes]
     want_sample = cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None
@@ -103,11 +108,10 @@ def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], list[
                 del lowest[max(lowest)]
         if "\ufffd" in text:
             with_fffd[file] += 1
-        if want_sample and code == 0 and (held < budget or u < -heap[0][0]):
-            heapq.heappush(heap, (-u, records, text))
-            held += nbytes
-            while held - len(heap[0][2].encode()) >= budget:  # keep one document past the budget, as before
-                held -= len(heapq.heappop(heap)[2].encode())
+        if want_sample:
+            any_sample.offer(u, records, text, nbytes)
+            if code == 0:
+                train_sample.offer(u, records, text, nbytes)
         if records % 200_000 == 0:
             log.info(
                 "scanned %d records, %.0f MB, %.1f s", records, total_bytes / 1e6, time.perf_counter() - t0
@@ -123,7 +127,7 @@ def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], list[
                 ", ".join(where[reason]),
                 f" and {more} more" if more > 0 else "",
             )
-    sample = [t for _, _, t in sorted(heap, key=lambda x: x[1])]  # input order
+    samples = (train_sample, any_sample)
     scan = {
         "records": records,
         "kept": kept,
@@ -138,7 +142,26 @@ def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], list[
     log.info(
         "scanned %d records (%.0f MB kept) in %.1f s", records, total_bytes / 1e6, time.perf_counter() - t0
     )
-    return scan, sample
+    return scan, samples
+
+
+class _Sample:
+    """The documents with the smallest u, up to ``budget`` bytes (plus the one that crosses it, as before)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held = budget, 0
+        self.heap: list[tuple[float, int, str, int]] = []  # (-u, input order, text, bytes)
+
+    def offer(self, u: float, order: int, text: str, nbytes: int) -> None:
+        if self.held < self.budget or u < -self.heap[0][0]:
+            heapq.heappush(self.heap, (-u, order, text, nbytes))
+            self.held += nbytes
+            while self.held - self.heap[0][3] >= self.budget:
+                self.held -= heapq.heappop(self.heap)[3]
+
+    def texts(self, drop: set[float] = frozenset()) -> list[str]:
+        """In input order (``drop``: the u of documents moved out of train)."""
+        return [t for u, _, t, _ in sorted(self.heap, key=lambda x: x[1]) if -u not in drop]
 
 
 def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
@@ -251,7 +274,7 @@ def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | N
         )
         t0 = time.perf_counter()
         proto = train_sentencepiece(
-            sample, vocab_size=cfg.vocab_size, model_type=cfg.model_type, num_threads=cfg.num_proc
+            sample, vocab_size=cfg.vocab_size, model_type=cfg.model_type, num_threads=SPM_TRAIN_THREADS
         )
         log.info("tokenizer trained in %.1f s", time.perf_counter() - t0)
         tok = SentencePieceTokenizer(proto)
@@ -286,11 +309,11 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     srcs = sources.resolve(cfg)
     out = cfg.out
     manifest = shards.open_out(out, cfg.overwrite, _run_key(cfg, srcs))
-    sample = None
+    samples = None
     scan = manifest.get("scan")
     t_scan = time.perf_counter()
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
-        scan, sample = _scan(cfg, srcs)
+        scan, samples = _scan(cfg, srcs)
     else:
         log.info(
             "resuming %s: the scan and %d finished shard group(s) are kept", out, len(manifest["groups"])
@@ -309,8 +332,14 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     empty_by_hash = scan["empty_by_hash"]
     manifest["scan"] = scan
     shards.save_manifest(out, manifest)
+    sample = None
+    if samples is not None:  # train documents only, unless the corpus is cut into segments
+        if scan["split_mode"] == "documents":
+            sample = samples[0].texts(drop={u for u, _ in scan["moves"]})
+        else:
+            sample = samples[1].texts()
     tok = _tokenizer(cfg, out, manifest, sample)
-    del sample
+    del sample, samples
 
     skip_blocks = shards.keep_finished(out, manifest)
     fn = EncodeFn(

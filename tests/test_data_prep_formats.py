@@ -181,3 +181,15 @@ def test_sentencepiece_on_real_text(variants, tmp_path, name, doc_split):
     assert sorted(decoded) == sorted(expected)
     lengths = np.concatenate([np.asarray(data.split(s).data.column("length")) for s in SPLITS])
     assert lengths.max() <= 64 and lengths.sum() == sum(meta["splits"][s]["tokens"] for s in SPLITS)
+
+
+def test_sentencepiece_output_is_the_same_for_any_worker_count(variants, tmp_path):
+    """Tokenizer training and encoding: --num-proc 1 and 2 write identical bytes."""
+    common = ("--vocab-size", "400", "--doc-split", "paragraph")
+    m1 = _prep(variants["en_para"], tmp_path / "p1", *common, "--num-proc", "1")
+    m2 = _prep(variants["en_para"], tmp_path / "p2", *common, "--num-proc", "2")
+    assert (tmp_path / "p1" / "tokenizer.model").read_bytes() == (
+        tmp_path / "p2" / "tokenizer.model"
+    ).read_bytes()
+    assert _shard_hashes(tmp_path / "p1") == _shard_hashes(tmp_path / "p2")
+    assert {k for k in m1 if m1[k] != m2[k]} == {"command"}

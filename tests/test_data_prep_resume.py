@@ -193,3 +193,19 @@ def test_adaptive_buckets_on_short_sentences(tmp_path, doc_split):
     meta = load_prepared(out).meta
     assert meta["padding_efficiency"] >= 0.98 > meta["padding_efficiency_unbucketed"]
     assert len(meta["buckets"]) <= 64
+
+
+@needs_book
+def test_one_book_that_hashes_to_validation_still_trains_a_tokenizer(tmp_path):
+    """With --seed 6 the whole book hashes into validation: no train document to sample by hash."""
+    from data_prep.documents import content_id, split_coordinate
+
+    text = BOOK.read_bytes().decode("utf-8").replace("\r\n", "\n")
+    assert split_coordinate(content_id(text.encode()), 6) < 0.05  # the premise of this test
+    out = tmp_path / "out"
+    args = ["--input", str(BOOK), "--out", str(out), "--seed", "6", "--vocab-size", "500", "--quiet"]
+    assert prep_main(args) == 0
+    meta = load_prepared(out).meta
+    assert meta["split_mode"] == "segments" and meta["tokenizer"]["type"] == "sentencepiece"
+    assert all(meta["splits"][s]["examples"] > 0 for s in SPLITS)
+    assert meta["splits"]["train"]["tokens"] > 10 * meta["splits"]["validation"]["tokens"]
