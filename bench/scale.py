@@ -6,7 +6,8 @@ Each corpus is the embedded default corpus (CPython docs and stdlib sources, ~32
 per-copy variation (a header line per document naming the copy, so every document is new): half of
 it as one big JSON Lines file, half as many ~1 MB text files. Each is prepared with ``--num-proc``
 workers (the ``--one-worker-size`` one also with 1 worker) by ``python -m data_prep`` in a child
-process, while the peak resident memory of its whole process tree is sampled from /proc. Corpora
+process, while the peak memory of its whole process tree is sampled from /proc (the RSS sum, which
+counts pages shared by the forked workers once per process, and the PSS sum, which counts them once). Corpora
 and outputs are deleted afterwards. On the largest prepared set the trainer's start-up is timed in a
 fresh process: ``load_prepared``, ``TokenStore`` and one epoch plan of ``app.data.BucketSchedule``.
 
@@ -76,27 +77,34 @@ def make_corpus(root: Path, gb: float) -> int:
     return written
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (from /proc)."""
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) bytes of ``pid`` and all its descendants. PSS shares each page among the processes
+    mapping it, so forked workers' copy-on-write pages count once (the RSS sum counts them per process)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ppid, pages = int(fields[1]), int(fields[21])
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(d))
-        rss[int(d)] = pages * os.sysconf("SC_PAGE_SIZE")
-    total, todo = 0, [pid]
+    rss = pss = 0
+    todo = [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
         todo.extend(children.get(p, []))
-    return total
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return rss, pss
 
 
 def run_measured(cmd: list[str], env: dict | None = None) -> dict:
@@ -106,13 +114,14 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     t0 = time.perf_counter()
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = 0
+    peak = peak_pss = 0
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_pss
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            rss, pss = _tree_memory(proc.pid)
+            peak, peak_pss = max(peak, rss), max(peak_pss, pss)
             time.sleep(0.2)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -129,6 +138,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
         "s": time.perf_counter() - t0,
         "cpu_s": cpu,
         "peak_rss": peak,
+        "peak_pss": peak_pss,
         "stdout": out,
         "stderr": err,
     }
@@ -156,6 +166,7 @@ def prep(corpus: Path, out: Path, num_proc: int, args) -> dict:
         "encode_s": encode_s,
         "encode_mb_per_s": round(text_bytes / 1e6 / encode_s, 2),
         "peak_rss_mb": round(r["peak_rss"] / 2**20, 1),
+        "peak_pss_mb": round(r["peak_pss"] / 2**20, 1),
         "out_mb": round(out_bytes / 1e6, 1),
         "examples": sum(s["examples"] for s in meta["splits"].values()),
         "padding_efficiency": meta["padding_efficiency"],
@@ -249,6 +260,8 @@ def main() -> None:
         "rss_large_vs_small": round(large["peak_rss_mb"] / small["peak_rss_mb"], 3),
         "mbps_large_vs_small": round(large["mb_per_s"] / small["mb_per_s"], 3),
         "peak_rss_max_mb": max(r["peak_rss_mb"] for r in runs),
+        "pss_large_vs_small": round(large["peak_pss_mb"] / small["peak_pss_mb"], 3),
+        "peak_pss_max_mb": max(r["peak_pss_mb"] for r in runs),
     }
     if len(pair) == 2:
         one_w = next(r for r in pair if r["workers"] == 1)
