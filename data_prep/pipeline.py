@@ -24,8 +24,6 @@ import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -238,28 +236,20 @@ def _encode_stream(fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int) 
             if block is not None:
                 yield i + 1, fn(block)
         return
-    # fork: the workers inherit the imported modules; the tokenizer goes in once through the initializer.
-    # ProcessPoolExecutor rather than multiprocessing.Pool: a worker that dies (killed for memory)
-    # fails the run with BrokenProcessPool instead of hanging it.
+    # fork: the workers inherit the imported modules; the tokenizer goes in once through the initializer
     ctx = mp.get_context("fork")
-    try:
-        with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(fn,)) as pool:
-            pending: deque = deque()
-            for i, block in enumerate(blocks):
-                if block is None:
-                    continue
-                pending.append((i + 1, pool.submit(_work, block)))
-                if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
-                    n, fut = pending.popleft()
-                    yield n, fut.result()
-            while pending:
-                n, fut = pending.popleft()
-                yield n, fut.result()
-    except BrokenProcessPool as exc:
-        raise UserError(
-            "an encoding worker process died (out of memory?); lower --block-mb or --num-proc, then run "
-            "the same command again to resume"
-        ) from exc
+    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(fn,)) as pool:
+        pending: deque = deque()
+        for i, block in enumerate(blocks):
+            if block is None:
+                continue
+            pending.append((i + 1, pool.apply_async(_work, (block,))))
+            if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
+                n, res = pending.popleft()
+                yield n, res.get()
+        while pending:
+            n, res = pending.popleft()
+            yield n, res.get()
 
 
 def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | None) -> Tokenizer:
