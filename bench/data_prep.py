@@ -24,7 +24,7 @@ from pathlib import Path
 # This file is named like the package; running it puts bench/ first on sys.path, which would make
 # ``import data_prep`` import this script. Drop that entry before importing the package.
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 
 def main() -> None:
@@ -57,9 +57,8 @@ def main() -> None:
 
         # the same documents, through the same reading/checking code, for the raw baseline
         logging.getLogger("data_prep").setLevel(logging.ERROR)  # its warnings were shown by the run
-        records = sources.load_records(cfg, tmp)
-        checked = documents.clean(records.dataset, seed=cfg.seed, bad_utf8=set(records.bad_utf8), num_proc=1)
-        texts = [t for t, r in zip(checked["text"], checked["reason"]) if not r]
+        srcs = sources.resolve(cfg)
+        texts = [doc[0] for doc in documents.check(srcs.records(), cfg.seed) if not doc[1]]
         sp = spm.SentencePieceProcessor(model_file=str(cfg.out / "tokenizer.model"))
         t0 = time.perf_counter()
         for text in texts:

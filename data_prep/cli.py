@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--num-proc", type=int, default=None, metavar="N", help=_help("num_proc") + " (default: min(2, CPUs))"
     )
+    g.add_argument("--block-mb", type=float, default=default["block_mb"], metavar="MB", help=h("block_mb"))
+    g.add_argument("--shard-mb", type=float, default=default["shard_mb"], metavar="MB", help=h("shard_mb"))
     g.add_argument("--quiet", action="store_true", help=h("quiet"))
     return p
 
@@ -133,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted; nothing was written to --out", file=sys.stderr)
+        print(
+            "error: interrupted; finished shards are kept in --out: run the same command again to resume",
+            file=sys.stderr,
+        )
         return 130
     if not cfg.quiet:
         print(format_summary(meta, str(cfg.out)))

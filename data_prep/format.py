@@ -2,18 +2,23 @@
 
 Layout of ``--out``::
 
-    meta.json            counts, tokenizer ids, buckets, source fingerprint, command (see ``build_meta``)
+    meta.json            counts, tokenizer ids, buckets, source fingerprint, command (written last)
+    manifest.json        every shard file with its size and sha256, and what resuming needs
     train/ validation/ test/
-                         ``datasets.Dataset.save_to_disk`` directories, one row per example:
+                         NNNNN.arrow: Arrow IPC streams (shard groups of about --shard-mb), one row per
+                         example, in input order:
                          input_ids  list<int32>  target tokens (EOS ends a document's last chunk; no BOS)
                          length     int32        len(input_ids), 1..max_seq_len
                          num_bytes  int64        UTF-8 bytes these tokens decode to (EOS counts 0)
-                         bucket     int32        smallest i with length <= meta["buckets"][i]
                          doc_id     int64        content hash of the source document (stable across runs)
     tokenizer.model      SentencePiece model (absent for the byte tokenizer)
 
+``split(name)`` memory-maps the shards (nothing is read until used) and adds the column
+``bucket`` (int32: smallest i with length <= meta["buckets"][i]), computed from ``length``.
+
 ``FORMAT_VERSION`` changes whenever any of that changes meaning; readers refuse other versions
 with an error that says to re-run data prep, rather than training on misread data.
+Version 1 was one ``save_to_disk`` directory per split with a stored ``bucket`` column.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from typing import Any
 
 from data_prep.errors import UserError
 
-FORMAT_VERSION: int = 1
+FORMAT_VERSION: int = 2
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 META_FILE = "meta.json"
+MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.model"
 RERUN_HINT = "re-run `python -m data_prep --out DIR ...` to prepare the data again"
 
@@ -36,8 +42,8 @@ class PreparedDataError(UserError):
     """A prepared-data directory is missing, corrupt or of another format version (one actionable line)."""
 
 
-def features():
-    """The ``datasets.Features`` of every split (imported lazily: ``datasets`` is slow to import)."""
+def shard_features():
+    """The ``datasets.Features`` stored in every shard (imported lazily: ``datasets`` is slow to import)."""
     import datasets
 
     return datasets.Features(
@@ -45,7 +51,6 @@ def features():
             "input_ids": datasets.Sequence(datasets.Value("int32")),
             "length": datasets.Value("int32"),
             "num_bytes": datasets.Value("int64"),
-            "bucket": datasets.Value("int32"),
             "doc_id": datasets.Value("int64"),
         }
     )
@@ -57,20 +62,29 @@ class PreparedData:
 
     path: Path
     meta: dict[str, Any]
+    manifest: dict[str, Any]
 
     def split(self, name: str):
-        """Load split ``name`` (train, validation or test) as a ``datasets.Dataset``."""
+        """Split ``name`` (train, validation or test) as a ``datasets.Dataset`` over memory-mapped shards."""
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
         import datasets
+        import numpy as np
 
-        split_dir = self.path / name
-        if not split_dir.is_dir():
-            raise PreparedDataError(f"{split_dir}: split directory is missing; {RERUN_HINT}")
+        files = [self.path / g["files"][name]["name"] for g in self.manifest["groups"]]
         try:
-            return datasets.load_from_disk(str(split_dir))
-        except Exception as exc:  # corrupt arrow files, missing state.json, ...
-            raise PreparedDataError(f"{split_dir}: cannot load split ({exc}); {RERUN_HINT}") from exc
+            parts = [datasets.Dataset.from_file(str(f), in_memory=False) for f in files]
+        except Exception as exc:  # missing or truncated shard files
+            raise PreparedDataError(f"{self.path / name}: cannot load split ({exc}); {RERUN_HINT}") from exc
+        ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        if len(ds) != self.meta["splits"][name]["examples"]:
+            raise PreparedDataError(
+                f"{self.path / name}: {len(ds)} examples on disk, meta.json says "
+                f"{self.meta['splits'][name]['examples']}; {RERUN_HINT}"
+            )
+        lengths = np.concatenate([np.asarray(c) for c in ds.data.column("length").chunks] or [np.zeros(0)])
+        bucket = np.searchsorted(np.asarray(self.meta["buckets"]), lengths, side="left").astype(np.int32)
+        return ds.add_column("bucket", bucket, new_fingerprint=f"{self.meta['source']['fingerprint']}-{name}")
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -98,7 +112,12 @@ def load_prepared(path: str | Path) -> PreparedData:
         raise PreparedDataError(
             f"{path} was written by format_version {version}, this version reads {FORMAT_VERSION}: {RERUN_HINT}"
         )
-    data = PreparedData(path=path, meta=meta)
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest["groups"][0]["files"]["train"]["name"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PreparedDataError(f"{path / MANIFEST_FILE}: missing or corrupt ({exc}); {RERUN_HINT}") from exc
+    data = PreparedData(path=path, meta=meta, manifest=manifest)
     tok_path = data.tokenizer_path
     if tok_path is not None and not tok_path.is_file():
         raise PreparedDataError(f"{tok_path}: tokenizer model is missing; {RERUN_HINT}")

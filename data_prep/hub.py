@@ -45,7 +45,9 @@ def _probe(endpoint: str) -> str | None:
         return f"{host}:{port}: {exc.strerror or exc}"
 
 
-def load_hub(name: str, config: str | None, split: str):
+def hub_records(name: str, config: str | None, split: str, text_field: str):
+    """Stream ``(text | None, reason, row, ends document)`` from a Hub dataset (``datasets`` streaming mode:
+    shards are read as they download, nothing is materialised)."""
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     if not offline():
         problem = _probe(endpoint)
@@ -56,10 +58,26 @@ def load_hub(name: str, config: str | None, split: str):
             )
     import datasets
 
+    mode = " in offline mode (only the local cache is read)" if offline() else ""
     try:
-        # The hub cache (not our per-run temp cache) so that downloads are reused across runs.
-        return datasets.load_dataset(name, config, split=split)
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+        row = 0
+        for batch in ds.iter(batch_size=1000):
+            if text_field not in batch:
+                raise UserError(
+                    f"hub dataset {name}: no column {text_field!r} (columns: {', '.join(batch)}); "
+                    "pick one with --text-field"
+                )
+            for value in batch[text_field]:
+                if value is None:
+                    yield None, "null_text", row, True
+                elif not isinstance(value, str):
+                    yield None, "non_string_text", row, True
+                else:
+                    yield value, "", row, True
+                row += 1
+    except UserError:
+        raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        mode = " in offline mode (only the local cache is read)" if offline() else ""
         raise UserError(f"--hub {name}: cannot load config={config} split={split}{mode}: {first}") from exc

@@ -1,37 +1,48 @@
-"""One data-prep run: read -> check -> split -> tokenizer -> encode -> bucket -> write.
+"""One data-prep run, streamed in two passes over the input, with memory bounded whatever the corpus size.
 
-All intermediate ``datasets`` files live in a per-run temporary cache directory that is deleted at
-the end, so no cache from an earlier run can make the output stale, and every step is deterministic
-(hash-based splits, a hash-ordered tokenizer sample, seeded efficiency estimates), so the same
-command on the same inputs writes byte-identical files.
+1. *Scan*: read every record, apply the skip rules, hash each document (its split), count, and keep a
+   bounded seeded sample for SentencePiece (the train documents with the smallest split hash, up to
+   ``--tokenizer-train-mb``, so the sample spreads over the whole corpus). Nothing else is kept.
+2. *Encode*: read again, group documents into blocks of about ``--block-mb``, encode the blocks in
+   ``--num-proc`` worker processes (at most two blocks per worker in flight), and append the results,
+   in input order, to Arrow shard groups that are closed, hashed and recorded as they fill (``shards``).
+
+Blocks are cut by size alone and results are written in input order, so the output bytes are the
+same for any ``--num-proc``. Peak memory is a few blocks per process plus the tokenizer sample and
+one length histogram. A rerun of a killed run resumes after the last finished shard group.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import json
 import logging
-import tempfile
+import multiprocessing as mp
+import shutil
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from data_prep import buckets, documents, sources, splits
+from data_prep import buckets, documents, shards, sources, splits
 from data_prep.config import PrepConfig
-from data_prep.encode import LossyTokenizerError, encode_documents
+from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
-from data_prep.format import FORMAT_VERSION, SPLITS
+from data_prep.format import FORMAT_VERSION, MANIFEST_FILE, META_FILE, SPLITS, TOKENIZER_FILE
 from data_prep.spm_train import train_sentencepiece
 from data_prep.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
-from data_prep.writer import check_out_dir, write_output
 
 log = logging.getLogger(__name__)
 MAX_EXAMPLES_SHOWN = 3
-ENCODE_PROCESSES_ABOVE_BYTES = 256 * 10**6
+EFFICIENCY_SAMPLE = 2_000_000
+# SentencePiece's trainer gives a different model for a different thread count, so the count is fixed
+# (not --num-proc): the output must not depend on how many workers encode it.
+SPM_TRAIN_THREADS = 4  # train lengths drawn from the histogram to estimate padding efficiency
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -47,181 +58,405 @@ def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
     return tok
 
 
-def _report_skips(table: pa.Table, names: list[str]) -> Counter:
-    reasons = table.column("reason")
-    counts = Counter({r: 0 for r in documents.SKIP_REASONS})
-    for item in pc.value_counts(reasons).to_pylist():
-        if item["values"]:
-            counts[item["values"]] += item["counts"]
-    for reason in documents.SKIP_REASONS:
-        if not counts[reason]:
-            continue
-        idx = np.flatnonzero(pc.equal(reasons, reason).to_numpy(zero_copy_only=False))[:MAX_EXAMPLES_SHOWN]
-        where = [
-            f"{names[f]}:{line}" if line > 0 else names[f]
-            for f, line in zip(
-                table.column("file").take(idx).to_pylist(), table.column("line").take(idx).to_pylist()
+def _run_key(cfg: PrepConfig, srcs: sources.Sources) -> dict[str, Any]:
+    """Everything the output depends on; a resumed run must match it exactly (not --num-proc/--quiet/--out)."""
+    model = hashlib.sha256(cfg.tokenizer_model.read_bytes()).hexdigest() if cfg.tokenizer_model else None
+    return {
+        "input": srcs.key(),
+        "settings": {
+            k: getattr(cfg, k)
+            for k in (
+                "doc_split", "text_field", "format", "default_max_mb", "tokenizer", "vocab_size", "model_type",
+                "tokenizer_train_mb", "max_seq_len", "val_fraction", "test_fraction", "seed", "block_mb", "shard_mb",
             )
-        ]
-        more = f" and {counts[reason] - len(where)} more" if counts[reason] > len(where) else ""
-        log.warning("skipped %d record(s) (%s): %s%s", counts[reason], reason, ", ".join(where), more)
-    return counts
+        }
+        | {"tokenizer_model_sha256": model, "format_version": FORMAT_VERSION},
+    }  # fmt: skip
 
 
-def _train_tokenizer(
-    cfg: PrepConfig, docs, codes: np.ndarray, u: np.ndarray, nbytes: np.ndarray
-) -> Tokenizer:
-    train = np.flatnonzero(codes == splits.SPLIT_CODES["train"])
-    train = train[np.argsort(u[train], kind="stable")]  # a seeded, file-order-independent permutation
-    take = int(np.searchsorted(np.cumsum(nbytes[train]), cfg.tokenizer_train_mb * 1e6, side="right")) + 1
-    sample = np.sort(train[:take])
-    texts = docs.select(sample)["text"]
-    mb = sum(len(t) for t in texts) / 1e6
-    log.info(
-        "training SentencePiece %s, vocab %d, on %d train documents (%.1f MB)",
-        cfg.model_type,
-        cfg.vocab_size,
-        len(texts),
-        mb,
-    )
+def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
+    """Pass 1: counts, skip examples, split sizes by hash, the source fingerprint and the tokenizer sample."""
+    skipped: Counter = Counter({r: 0 for r in documents.SKIP_REASONS})
+    where: dict[str, list[str]] = {r: [] for r in documents.SKIP_REASONS}
+    split_docs = np.zeros(3, np.int64)
+    with_fffd: Counter = Counter()
+    fingerprint = hashlib.blake2b(digest_size=16)
+    budget = int(cfg.tokenizer_train_mb * 1e6)
+    # (-u, order, text) of the documents with the smallest u: among train ones, and (for a corpus that
+    # ends up cut into segments, whose one book may have hashed to validation) among all
+    train_sample, any_sample = _Sample(budget), _Sample(budget)
+    records = kept = total_bytes = 0
+    lowest: dict[float, list[int]] = {}  # the two smallest u of train documents: [copies, bytes]
+    want_sample = cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None
     t0 = time.perf_counter()
-    proto = train_sentencepiece(
-        texts, vocab_size=cfg.vocab_size, model_type=cfg.model_type, num_threads=cfg.num_proc
+    for text, reason, doc_id, u, nbytes, _, file, line in documents.check(srcs.records(), cfg.seed):
+        records += 1
+        if reason:
+            skipped[reason] += 1
+            if len(where[reason]) < MAX_EXAMPLES_SHOWN:
+                where[reason].append(f"{srcs.names[file]}:{line}" if line > 0 else srcs.names[file])
+            continue
+        kept += 1
+        total_bytes += nbytes
+        fingerprint.update(doc_id.to_bytes(8, "little"))
+        code = splits.code_of(u, cfg.val_fraction, cfg.test_fraction)
+        split_docs[code] += 1
+        if code == 0 and (len(lowest) < 2 or u <= max(lowest)):
+            entry = lowest.setdefault(u, [0, 0])
+            entry[0], entry[1] = entry[0] + 1, entry[1] + nbytes
+            if len(lowest) > 2:
+                del lowest[max(lowest)]
+        if "\ufffd" in text:
+            with_fffd[file] += 1
+        if want_sample:
+            any_sample.offer(u, records, text, nbytes)
+            if code == 0:
+                train_sample.offer(u, records, text, nbytes)
+        if records % 200_000 == 0:
+            log.info(
+                "scanned %d records, %.0f MB, %.1f s", records, total_bytes / 1e6, time.perf_counter() - t0
+            )
+    fingerprint.update(repr(sorted(skipped.items())).encode())
+    for reason in documents.SKIP_REASONS:
+        if skipped[reason]:
+            more = skipped[reason] - len(where[reason])
+            log.warning(
+                "skipped %d record(s) (%s): %s%s",
+                skipped[reason],
+                reason,
+                ", ".join(where[reason]),
+                f" and {more} more" if more > 0 else "",
+            )
+    samples = (train_sample, any_sample)
+    scan = {
+        "records": records,
+        "kept": kept,
+        "bytes": total_bytes,
+        "skipped": dict(skipped),
+        "where": where,
+        "repaired": int(sum(n for f, n in with_fffd.items() if f in srcs.bad_utf8)),
+        "split_docs": split_docs.tolist(),
+        "lowest_train": sorted([u, n, b] for u, (n, b) in lowest.items()),
+        "fingerprint": fingerprint.hexdigest(),
+    }
+    log.info(
+        "scanned %d records (%.0f MB kept) in %.1f s", records, total_bytes / 1e6, time.perf_counter() - t0
     )
-    log.info("tokenizer trained in %.1f s", time.perf_counter() - t0)
-    tok = SentencePieceTokenizer(proto)
-    tok.check_lossless("trained tokenizer")
+    return scan, samples
+
+
+class _Sample:
+    """The documents with the smallest u, up to ``budget`` bytes (plus the one that crosses it, as before)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held = budget, 0
+        self.heap: list[tuple[float, int, str, int]] = []  # (-u, input order, text, bytes)
+
+    def offer(self, u: float, order: int, text: str, nbytes: int) -> None:
+        if self.held < self.budget or u < -self.heap[0][0]:
+            heapq.heappush(self.heap, (-u, order, text, nbytes))
+            self.held += nbytes
+            while self.held - self.heap[0][3] >= self.budget:
+                self.held -= heapq.heappop(self.heap)[3]
+
+    def texts(self, drop: set[float] = frozenset()) -> list[str]:
+        """In input order (``drop``: the u of documents moved out of train)."""
+        return [t for u, _, t, _ in sorted(self.heap, key=lambda x: x[1]) if -u not in drop]
+
+
+def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
+    """Decide how a held-out split that got no document by hash gets some (sets scan["moves"] and
+    scan["split_mode"]; returns the names of the splits that were empty by hash).
+
+    A corpus with enough documents moves the train document nearest the held-out range (all its
+    copies), as long as it is no bigger than twice the split's share of the text; otherwise (one book,
+    a handful of files) the corpus is cut into contiguous segments per document instead."""
+    empty, moves = [], []
+    lowest = list(scan["lowest_train"])
+    train_docs = scan["split_docs"][0]
+    segments = train_docs == 0  # everything hashed to validation/test: only possible with very few documents
+    for name, code, frac in (("validation", 1, cfg.val_fraction), ("test", 2, cfg.test_fraction)):
+        if frac <= 0 or scan["split_docs"][code] > 0:
+            continue
+        empty.append(name)
+        if lowest and train_docs - lowest[0][1] >= 2 and lowest[0][2] <= 2 * frac * scan["bytes"]:
+            u, n, _ = lowest.pop(0)
+            moves.append([u, code])
+            train_docs -= n
+        else:
+            segments = True
+    scan["moves"] = [] if segments else moves
+    scan["split_mode"] = "segments" if segments else "documents"
+    if not segments:
+        for u, code in moves:
+            n = next(m[1] for m in scan["lowest_train"] if m[0] == u)
+            scan["split_docs"][0] -= n
+            scan["split_docs"][code] += n
+    return empty
+
+
+def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block | None]:
+    """Records in blocks of about --block-mb characters (the first ``skip`` blocks as None: already written).
+    Records the reader already rejected are dropped here; workers apply the remaining rules."""
+    limit = int(cfg.block_mb * 1e6)
+    texts: list[str | None] = []
+    eos: list[bool] = []
+    size = index = 0
+    for text, reason, _, _, end in srcs.records():
+        if reason or text is None:
+            continue
+        if index >= skip:
+            texts.append(text)
+            eos.append(end)
+        size += len(text) + 1
+        if size >= limit:
+            yield Block(texts, eos) if index >= skip else None
+            texts, eos, size, index = [], [], 0, index + 1
+    if size:
+        yield Block(texts, eos) if index >= skip else None
+
+
+_WORKER_FN: EncodeFn | None = None
+
+
+def _init_worker(fn: EncodeFn) -> None:
+    global _WORKER_FN
+    _WORKER_FN = fn
+
+
+def _work(block: Block):
+    assert _WORKER_FN is not None
+    return _WORKER_FN(block)
+
+
+def _encode_stream(fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int) -> Iterator[tuple[int, Any]]:
+    """(blocks consumed, Encoded) in input order; ``num_proc`` > 1: in a pool with a bounded queue."""
+    if num_proc == 1:
+        for i, block in enumerate(blocks):
+            if block is not None:
+                yield i + 1, fn(block)
+        return
+    # fork: the workers inherit the imported modules; the tokenizer goes in once through the initializer
+    ctx = mp.get_context("fork")
+    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(fn,)) as pool:
+        pending: deque = deque()
+        for i, block in enumerate(blocks):
+            if block is None:
+                continue
+            pending.append((i + 1, pool.apply_async(_work, (block,))))
+            if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
+                n, res = pending.popleft()
+                yield n, res.get()
+        while pending:
+            n, res = pending.popleft()
+            yield n, res.get()
+
+
+def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | None) -> Tokenizer:
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    path = out / TOKENIZER_FILE
+    saved = manifest.get("tokenizer_sha256")
+    if saved and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == saved:
+        return SentencePieceTokenizer.from_file(path)
+    if cfg.tokenizer_model:
+        tok = _reuse_tokenizer(cfg)
+    else:
+        if sample is None:  # resumed after the scan, but the tokenizer was not saved: scan again for it
+            raise RuntimeError("tokenizer sample missing")
+        mb = sum(len(t.encode()) for t in sample) / 1e6
+        log.info(
+            "training SentencePiece %s, vocab %d, on %d train documents (%.1f MB)",
+            cfg.model_type,
+            cfg.vocab_size,
+            len(sample),
+            mb,
+        )
+        t0 = time.perf_counter()
+        proto = train_sentencepiece(
+            sample, vocab_size=cfg.vocab_size, model_type=cfg.model_type, num_threads=SPM_TRAIN_THREADS
+        )
+        log.info("tokenizer trained in %.1f s", time.perf_counter() - t0)
+        tok = SentencePieceTokenizer(proto)
+        tok.check_lossless("trained tokenizer")
+    path.write_bytes(tok.model_proto)
+    manifest["tokenizer_sha256"] = hashlib.sha256(tok.model_proto).hexdigest()
+    shards.save_manifest(out, manifest)
     return tok
 
 
 def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
-    """Prepare ``cfg.out``; returns meta.json's content. Raises UserError for anything the user can fix."""
-    import datasets
+    """Prepare ``cfg.out``; returns meta.json's content. Raises UserError for anything the user can fix.
 
+    A user error before any shard group is finished removes an --out this run created, so fixing a
+    flag and running again needs no --overwrite."""
     assert cfg.out is not None
-    check_out_dir(cfg.out, cfg.overwrite)
-    reused = _reuse_tokenizer(cfg) if cfg.tokenizer_model else None
+    created = not cfg.out.exists()
+    try:
+        return _run(cfg, command)
+    except UserError:
+        manifest = cfg.out / MANIFEST_FILE
+        if created and manifest.is_file() and not json.loads(manifest.read_text())["groups"]:
+            shutil.rmtree(cfg.out, ignore_errors=True)
+        raise
+
+
+def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
+    assert cfg.out is not None
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="data_prep-cache-") as cache_dir:
-        records = sources.load_records(cfg, cache_dir)
-        checked = documents.clean(
-            records.dataset, seed=cfg.seed, bad_utf8=set(records.bad_utf8), num_proc=cfg.num_proc
+    if cfg.tokenizer_model:
+        _reuse_tokenizer(cfg)  # a bad model fails before any work
+    srcs = sources.resolve(cfg)
+    out = cfg.out
+    manifest = shards.open_out(out, cfg.overwrite, _run_key(cfg, srcs))
+    samples = None
+    scan = manifest.get("scan")
+    t_scan = time.perf_counter()
+    if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
+        scan, samples = _scan(cfg, srcs)
+    else:
+        log.info(
+            "resuming %s: the scan and %d finished shard group(s) are kept", out, len(manifest["groups"])
         )
-        table = checked.data.table
-        skipped = _report_skips(table, records.names)
-        kept = np.flatnonzero(pc.equal(table.column("reason"), "").to_numpy(zero_copy_only=False))
-        if len(kept) == 0:
-            total = sum(skipped.values())
-            where = records.names[0] if len(records.names) == 1 else f"{len(records.names)} inputs"
-            raise UserError(
-                f"no documents left in {where}: all {total} records were skipped ("
-                + ", ".join(f"{r} {n}" for r, n in skipped.items() if n)
-                + ")"
-            )
-        repaired = int(pc.sum(table.column("repaired").take(pa.array(kept))).as_py() or 0)
-        docs = checked.select(kept).flatten_indices(new_fingerprint=f"kept-{checked._fingerprint}")
-        u = docs.data.table.column("u").to_numpy()
-        nbytes = docs.data.table.column("num_bytes").to_numpy()
-        doc_ids = docs.data.table.column("doc_id").to_numpy()
-        codes, split_notes = splits.assign(u, cfg.val_fraction, cfg.test_fraction)
-        if not (codes == 0).any():
-            raise UserError(
-                f"no documents left for training: all {len(codes)} went to validation/test; lower --val-fraction/--test-fraction"
-            )
-        docs = docs.select_columns(["text", "doc_id", "num_bytes"]).add_column("split", codes)
-
-        if cfg.tokenizer == "byte":
-            tok: Tokenizer = ByteTokenizer()
+    scan_s = time.perf_counter() - t_scan
+    if scan["kept"] == 0:
+        names = srcs.names
+        w = names[0] if len(names) == 1 else f"{len(names)} inputs"
+        raise UserError(
+            f"no documents left in {w}: all {scan['records']} records were skipped ("
+            + ", ".join(f"{r} {n}" for r, n in scan["skipped"].items() if n)
+            + ")"
+        )
+    if "split_mode" not in scan:  # decided once; a resumed run reads it from the manifest
+        scan["empty_by_hash"] = _rescue(cfg, scan)
+    empty_by_hash = scan["empty_by_hash"]
+    manifest["scan"] = scan
+    shards.save_manifest(out, manifest)
+    sample = None
+    if samples is not None:  # train documents only, unless the corpus is cut into segments
+        if scan["split_mode"] == "documents":
+            sample = samples[0].texts(drop={u for u, _ in scan["moves"]})
         else:
-            tok = reused or _train_tokenizer(cfg, docs, codes, u, nbytes)
-        # SentencePiece's batch encode runs on its own threads without the GIL. Below a few hundred MB,
-        # starting and feeding worker processes costs more than it saves (bench/data_prep.py, 32 MB,
-        # 2 cores: 2 processes x 1 thread 0.96x a single-thread encode loop, 1 process x 2 threads
-        # 1.35x), so small corpora use one map process with num_proc threads; large ones use processes.
-        encode_procs = cfg.num_proc if int(nbytes.sum()) > ENCODE_PROCESSES_ABOVE_BYTES else 1
-        if isinstance(tok, SentencePieceTokenizer):
-            tok.num_threads = max(1, cfg.num_proc // encode_procs)
-        t_encode = time.perf_counter()
-        try:
-            examples = encode_documents(docs, tok, max_seq_len=cfg.max_seq_len, num_proc=encode_procs)
-        except LossyTokenizerError as exc:
-            raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
-        log.info("encoded %d documents in %.1f s", len(docs), time.perf_counter() - t_encode)
-        ex = examples.data.table
-        lengths = ex.column("length").to_numpy()
-        ex_split = ex.column("split").to_numpy()
-        train_mask = ex_split == 0
-        bounds = buckets.choose_boundaries(lengths[train_mask], cfg.max_buckets, cfg.batch_size)
-        bounds[-1] = max(bounds[-1], int(lengths.max()))
-        bucket = buckets.assign(lengths, bounds)
-        ex = ex.append_column("bucket", pa.array(bucket))
-        eff = buckets.padding_efficiency(lengths[train_mask], bucket[train_mask], cfg.batch_size, cfg.seed)
-        eff_flat = buckets.padding_efficiency(lengths[train_mask], None, cfg.batch_size, cfg.seed)
+            sample = samples[1].texts()
+    tok = _tokenizer(cfg, out, manifest, sample)
+    del sample, samples
 
-        log.info("bucketed in %.1f s", time.perf_counter() - t_encode)
-        split_tables = {}
-        split_stats = {}
-        ex_bytes = ex.column("num_bytes").to_numpy()
-        for name in SPLITS:
-            code = splits.SPLIT_CODES[name]
-            idx = np.flatnonzero(ex_split == code)
-            split_tables[name] = ex.take(pa.array(idx))
-            split_stats[name] = {
-                "docs": int((codes == code).sum()),
-                "examples": len(idx),
-                "tokens": int(lengths[idx].sum()),
-                "bytes": int(ex_bytes[idx].sum()),
-            }
-        train_lengths = lengths[train_mask]
-        fingerprint = hashlib.blake2b(
-            doc_ids.tobytes() + repr(sorted(skipped.items())).encode(), digest_size=16
-        ).hexdigest()
-        meta: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "tokenizer": tok.meta(),
-            "max_seq_len": cfg.max_seq_len,
-            "splits": split_stats,
-            "documents": {
-                "records": len(table),
-                "kept": len(kept),
-                "skipped": int(sum(skipped.values())),
-                "repaired_invalid_utf8": repaired,
-            },
-            "skipped": dict(skipped),
-            "split_notes": split_notes,
-            "buckets": [int(b) for b in bounds],
-            "bucket_examples": np.bincount(bucket[train_mask], minlength=len(bounds)).tolist(),
-            "padding_batch_size": cfg.batch_size,
-            "padding_efficiency": round(eff, 6),
-            "padding_efficiency_unbucketed": round(eff_flat, 6),
-            "bytes_per_token": round(
-                split_stats["train"]["bytes"] / max(1, split_stats["train"]["tokens"]), 6
-            ),
-            "length_histogram": _histogram(train_lengths, cfg.max_seq_len),
-            "settings": {
-                "doc_split": cfg.doc_split if (cfg.inputs or cfg.hub) else "file",
-                "text_field": cfg.text_field,
-                "seed": cfg.seed,
-                "val_fraction": cfg.val_fraction,
-                "test_fraction": cfg.test_fraction,
-                "vocab_size": cfg.vocab_size,
-                "model_type": cfg.model_type,
-                "tokenizer_train_mb": cfg.tokenizer_train_mb,
-                "reused_tokenizer_model": str(cfg.tokenizer_model) if cfg.tokenizer_model else None,
-            },
-            "source": {**records.source, "fingerprint": fingerprint},
-            "command": command,
-        }
-        model_proto = tok.model_proto if isinstance(tok, SentencePieceTokenizer) else None
-        content = json.dumps({k: v for k, v in meta.items() if k != "command"}, sort_keys=True)
-        write_output(cfg.out, split_tables, model_proto, meta, content)  # state.json ids: content, not paths
-        timings = {"total_s": time.perf_counter() - t_start, "encode_write_s": time.perf_counter() - t_encode}
-    del datasets
-    meta["_timings"] = timings  # in-memory only (not written): for the benchmark and the summary
+    skip_blocks = shards.keep_finished(out, manifest)
+    fn = EncodeFn(
+        tok,
+        cfg.max_seq_len,
+        seed=cfg.seed,
+        fractions=(cfg.val_fraction, cfg.test_fraction),
+        moves={u: code for u, code in scan["moves"]},
+        segments=scan["split_mode"] == "segments",
+    )
+    writer = shards.GroupWriter(out, manifest, int(cfg.shard_mb * 1e6), cfg.max_seq_len)
+    t_encode = time.perf_counter()
+    consumed = skip_blocks
+    done_bytes = 0
+    try:
+        for consumed, encoded in _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc):
+            writer.add(encoded, consumed)
+            done_bytes += sum(int(t.column("num_bytes").to_numpy().sum()) for t in encoded.tables)
+            if consumed % 16 == 0:
+                log.info(
+                    "encoded %d blocks (%.0f MB) in %.1f s",
+                    consumed,
+                    done_bytes / 1e6,
+                    time.perf_counter() - t_encode,
+                )
+    except LossyTokenizerError as exc:
+        raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
+    writer.close(consumed, force=True)
+    encode_s = time.perf_counter() - t_encode
+    log.info("encoded in %.1f s", encode_s)
+    meta = _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command)
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
+        "total_s": time.perf_counter() - t_start,
+        "scan_s": scan_s,
+        "encode_write_s": encode_s,
+    }
     return meta
 
 
-def _histogram(lengths: np.ndarray, max_seq_len: int, bins: int = 8) -> dict[str, list[int]]:
+def _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command) -> dict[str, Any]:
+    groups = manifest["groups"]
+    split_stats = {
+        name: {
+            k: int(sum(g["stats"][name][k] for g in groups)) for k in ("docs", "examples", "tokens", "bytes")
+        }
+        for name in SPLITS
+    }
+    if scan["split_mode"] == "documents":  # a long document's parts count once each, as by the scan
+        for name, n in zip(SPLITS, scan["split_docs"]):
+            split_stats[name]["docs"] = int(n)
+    hist = np.sum([np.asarray(g["hist"], np.int64) for g in groups], axis=0)
+    bounds = buckets.from_histogram(hist, cfg.max_buckets, cfg.batch_size)
+    if split_stats["validation"]["examples"] or split_stats["test"]["examples"]:
+        bounds[-1] = max(bounds[-1], cfg.max_seq_len)  # held-out examples may be longer than any train one
+    lengths = buckets.sample_lengths(hist, EFFICIENCY_SAMPLE, cfg.seed)
+    eff = buckets.padding_efficiency(lengths, buckets.assign(lengths, bounds), cfg.batch_size, cfg.seed)
+    eff_flat = buckets.padding_efficiency(lengths, None, cfg.batch_size, cfg.seed)
+    notes = [
+        f"{SPLITS[code]} split was empty by hash; moved {n} document(s) from train into it"
+        for u, code in scan["moves"]
+        for n in [next(m[1] for m in scan["lowest_train"] if m[0] == u)]
+    ]
+    if scan["split_mode"] == "segments":
+        notes.append(
+            f"{' and '.join(empty_by_hash)} got no whole document by hash ({scan['kept']} documents): each document "
+            f"of 3+ chunks was cut into contiguous train/validation/test segments instead"
+        )
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tok.meta(),
+        "max_seq_len": cfg.max_seq_len,
+        "splits": split_stats,
+        "split_mode": scan["split_mode"],
+        "documents": {
+            "records": scan["records"],
+            "kept": scan["kept"],
+            "skipped": int(sum(scan["skipped"].values())),
+            "repaired_invalid_utf8": scan["repaired"],
+        },
+        "skipped": scan["skipped"],
+        "split_notes": notes,
+        "buckets": [int(b) for b in bounds],
+        "bucket_examples": np.bincount(
+            buckets.assign(np.arange(len(hist)), bounds), weights=hist, minlength=len(bounds)
+        )
+        .astype(np.int64)
+        .tolist(),
+        "padding_batch_size": cfg.batch_size,
+        "padding_efficiency": round(eff, 6),
+        "padding_efficiency_unbucketed": round(eff_flat, 6),
+        "bytes_per_token": round(split_stats["train"]["bytes"] / max(1, split_stats["train"]["tokens"]), 6),
+        "length_histogram": _histogram(hist, cfg.max_seq_len),
+        "settings": {
+            "doc_split": cfg.doc_split if (cfg.inputs or cfg.hub) else "file",
+            "text_field": cfg.text_field,
+            "seed": cfg.seed,
+            "val_fraction": cfg.val_fraction,
+            "test_fraction": cfg.test_fraction,
+            "vocab_size": cfg.vocab_size,
+            "model_type": cfg.model_type,
+            "tokenizer_train_mb": cfg.tokenizer_train_mb,
+            "reused_tokenizer_model": str(cfg.tokenizer_model) if cfg.tokenizer_model else None,
+            "block_mb": cfg.block_mb,
+            "shard_mb": cfg.shard_mb,
+        },
+        "source": {**srcs.source, "fingerprint": scan["fingerprint"]},
+        "command": command,
+    }
+
+
+def _histogram(hist: np.ndarray, max_seq_len: int, bins: int = 8) -> dict[str, list[int]]:
     edges = np.unique(np.linspace(0, max_seq_len, bins + 1).round().astype(int))
-    counts, _ = np.histogram(lengths, bins=edges)
-    return {"edges": edges.tolist(), "counts": counts.tolist()}
+    cum = np.concatenate([[0], np.cumsum(hist)])
+    # lengths in (edges[i], edges[i+1]] (the first bin also holds its lower edge, as np.histogram did)
+    counts = [
+        int(cum[min(hi, len(hist) - 1) + 1] - cum[lo + (1 if i else 0)])
+        for i, (lo, hi) in enumerate(itertools.pairwise(edges))
+    ]
+    return {"edges": edges.tolist(), "counts": counts}

@@ -31,7 +31,7 @@ def format_summary(meta: dict[str, Any], out: str) -> str:
         lines.append(f"  {name:<10} {s['docs']:>8} {s['examples']:>9} {s['tokens']:>11} {s['bytes']:>11}")
         if s["docs"] == 0:
             lines.append(
-                f"  warning: the {name} split is empty; use more data or a larger --{name[:3]}-fraction"
+                f"  warning: the {name} split is empty; use more data or a larger --{'val' if name == 'validation' else 'test'}-fraction"
             )
     for note in meta["split_notes"]:
         lines.append(f"  note: {note}")

@@ -135,7 +135,8 @@ def test_format_version_mismatch_says_rerun(tmp_path, prepared_byte_dir):
     meta["format_version"] = FORMAT_VERSION + 1
     (copy / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(
-        PreparedDataError, match=r"format_version 2, this version reads 1: re-run `python -m data_prep"
+        PreparedDataError,
+        match=rf"format_version {FORMAT_VERSION + 1}, this version reads {FORMAT_VERSION}: re-run `python -m data_prep",
     ):
         load_prepared(copy)
     (copy / "meta.json").write_text("{not json")
