@@ -1,6 +1,7 @@
 """Train-step (forward + backward) throughput of ONE recurrent layer, and the machine's matmul peak.
 
     python bench/mlstm_layer.py [--sizes small,large] [--reps-small 5 --reps-large 3] [--budget-s 100]
+    python bench/mlstm_layer.py --device cuda   # the same contenders on a GPU (fused: CPU only -> unavailable)
 
 Contenders at each size (input width = hidden width H):
     fused_fp32 / fused_bf16    RecurrentLayer (mLSTM, weight norm on), core="fused" (compiled time loop)
@@ -66,14 +67,24 @@ META_OPS = {
 }  # fmt: skip
 
 
+DEVICE = torch.device("cpu")  # --device; every tensor below is made here
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timeit(fn: Callable[[], None], reps: int, warmup: int = 1) -> float:
     """Best wall time of `reps` calls after `warmup` (best, not mean: the machine is shared)."""
     for _ in range(warmup):
         fn()
+    sync()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()  # GPU work is asynchronous: time it to completion
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -81,11 +92,11 @@ def timeit(fn: Callable[[], None], reps: int, warmup: int = 1) -> float:
 def peak_paths() -> dict[str, tuple[Callable[[], object], float]]:
     """(fn, flops) of a (4096 x 1024) @ (1024 x 4096) product on each available path."""
     M, K, N = 4096, 1024, 4096
-    a, w = torch.randn(M, K), torch.randn(N, K)
+    a, w = torch.randn(M, K, device=DEVICE), torch.randn(N, K, device=DEVICE)
     ab, wb = a.bfloat16(), w.bfloat16()
     flops = 2.0 * M * K * N
     paths = {"fp32_mkl_mm": lambda: torch.mm(a, w.t()), "bf16_mm": lambda: torch.mm(ab, wb.t())}
-    if _ONEDNN_LINEAR is not None:
+    if _ONEDNN_LINEAR is not None and DEVICE.type == "cpu":
         paths["fp32_onednn_linear"] = lambda: _ONEDNN_LINEAR(a, w, None, "none", [], "")
     return {k: (f, flops) for k, f in paths.items()}
 
@@ -107,30 +118,30 @@ class SavedBytes:
 
 def make_step(kind: str, B: int, T: int, H: int) -> tuple[Callable[[], None], Callable[[], float]]:
     torch.manual_seed(0)
-    x = torch.randn(B, T, H, requires_grad=True)
-    gy = torch.randn(B, T, H)
+    x = torch.randn(B, T, H, device=DEVICE, requires_grad=True)
+    gy = torch.randn(B, T, H, device=DEVICE)
     bf16 = kind.endswith("bf16")
     if kind.startswith(("fused", "python")):
         core = kind.split("_")[0]
-        layer = RecurrentLayer(debug_config(embed_dim=H, hidden_dim=H, num_layers=1, core=core), 0)
+        layer = RecurrentLayer(debug_config(embed_dim=H, hidden_dim=H, num_layers=1, core=core), 0).to(DEVICE)
         fwd = lambda: layer(x)  # noqa: E731
     elif kind.startswith("torch_lstm"):
-        lstm = torch.nn.LSTM(H, H, batch_first=True)
+        lstm = torch.nn.LSTM(H, H, batch_first=True).to(DEVICE)
         fwd = lambda: lstm(x)[0]  # noqa: E731
     else:
-        ws = [torch.empty(s).uniform_(-(H**-0.5), H**-0.5).requires_grad_() for s in
+        ws = [torch.empty(s, device=DEVICE).uniform_(-(H**-0.5), H**-0.5).requires_grad_() for s in
               [(H, H), (4 * H, H), (4 * H,), (H, H), (4 * H, H)]]  # fmt: skip
         fwd = lambda: naive_mlstm(x, *ws)  # noqa: E731
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
             y = fwd()
         y.backward(gy.to(y.dtype))
 
     def act_mb() -> float:
         saved = SavedBytes()
         hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
-        with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with hooks, torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
             y = fwd()
         del y
         return saved.mb()
@@ -271,11 +282,15 @@ def main() -> None:
         help="no new timed round after this many seconds of timing (small size: a fifth of it)",
     )  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (kernels_per_step is counted on CPU)")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     result = {"bench": "mlstm_layer", "torch": torch.__version__, "threads": torch.get_num_threads()}
+    result["device"] = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     result["loadavg_start"] = os.getloadavg()[0]  # the dev box is shared: context for the numbers
     result["bf16_native"] = bf16_is_native()
     result["kernels_per_step"] = kernels_per_step()
