@@ -82,7 +82,8 @@ def main() -> None:
     code = split_docs(code_files, "code", args.cap)
     counts = {}
     for part in ("train", "test"):
-        rows = interleave([prose[part], code[part]])
+        n = min(len(prose[part]), len(code[part]))  # balanced
+        rows = interleave([prose[part][:n], code[part][:n]])
         with (out / f"doctype_{part}.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["text", "label"])
             w.writeheader()

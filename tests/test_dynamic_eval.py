@@ -82,7 +82,17 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
     text = tmp_path / "repeated.txt"
     text.write_text(block * 6)  # structure the model never saw, repeated: what adaptation can learn
     before = digest(run_dir / "checkpoints")
-    args = ("--text", str(text), "--dynamic", "--dyn-lr", "1e-3", "--dyn-segment", "32")
+    args = (
+        "--text",
+        str(text),
+        "--dynamic",
+        "--dyn-lr",
+        "1e-3",
+        "--dyn-decay",
+        "0.02",
+        "--dyn-segment",
+        "32",
+    )
     a = evaluate_cli(run_dir, tmp_path / "a.json", *args)
     b = evaluate_cli(run_dir, tmp_path / "b.json", *args)
     assert digest(run_dir / "checkpoints") == before  # not one byte of the checkpoint changed
