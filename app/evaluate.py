@@ -12,6 +12,11 @@ tokenizer, EOS appended, cut into --text-chunk-len pieces each read from a fresh
 bits/byte = (summed cross-entropy in nats, EOS included) / ln 2 / (the file's size in bytes), printed
 beside what gzip -9, bzip2 -9 and xz -9 achieve on the same bytes (8 * compressed size / size).
 
+--dynamic (one process): each split row / --text file is also read in order, --dyn-segment tokens at a
+time with the state carried, the weights adapting after each scored segment (Krause et al. 2018; see
+app/training/dynamic_eval.py); the table adds bits/byte with the state carried and static weights
+("static carried"), dynamically ("dynamic") and the gain over the static figure.
+
 Results: a small table on stdout and a JSON file (--out; default <run>/eval/<tag>.json).
 """
 
@@ -36,7 +41,14 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the launcher
-    add_dataclass_flags(p, EvalConfig, skip=("text",))
+    add_dataclass_flags(p, EvalConfig, skip=("text", "dynamic"))
+    p.add_argument(
+        "--dynamic",
+        action="store_true",
+        dest="dynamic_flag",
+        help="Also evaluate dynamically (Krause et al. 2018; --dyn-lr, --dyn-decay, --dyn-segment): "
+        "bits/byte beside the static figure. One process; the checkpoint is never written.",
+    )
     p.add_argument(
         "--text",
         nargs="+",
@@ -47,7 +59,7 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
     )
     ns = p.parse_args(argv)
     try:
-        return EvalConfig(**collect_flags(ns, EvalConfig), text=list(ns.text_files))
+        return EvalConfig(**collect_flags(ns, EvalConfig), text=list(ns.text_files), dynamic=ns.dynamic_flag)
     except ValueError as e:
         raise UserError(str(e)) from None
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.model.config import ModelConfig
-from app.model.mlstm_core import mlstm_prefill, mlstm_sequence, mlstm_step
+from app.model.mlstm_core import mlstm_prefill, mlstm_sequence, mlstm_sequence_from, mlstm_step
 from app.model.weight_norm import weight_normed
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -132,6 +132,17 @@ class RecurrentLayer(nn.Module):
                 x.to(cdt), w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt), self.core
             )  # (B, T, H)
         return self._finish(x, h).contiguous()
+
+    def forward_from(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """x (B, T, in) from `state` -> (y (B, T, H), state after T steps), with weight gradients (the state
+        enters as a constant: truncated backpropagation, as dynamic evaluation uses it)."""
+        state = tuple(s.detach() for s in state)
+        if self.cell == "lstm":
+            h, (h_n, c_n) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))  # (B, T, H)
+            return self._finish(x, h).contiguous(), (h_n[0].detach(), c_n[0].detach())
+        w_in, w_mh, w_m = self.weights()
+        h, new_state = mlstm_sequence_from(x, state, w_in, self.bias, w_mh, w_m)  # (B, T, H)
+        return self._finish(x, h).contiguous(), new_state
 
     def init_state(self, batch: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> State:
         """Zero (h, c), each (batch, H)."""

@@ -185,6 +185,36 @@ def mlstm_sequence(
     return fn.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
 
 
+class MLSTMFromState(MLSTMFunction):
+    """(x, w_in, bias, w_mh, w_m, h_0, c_0) -> (h for all steps, c_T): `MLSTMFunction` from a given state.
+
+    For truncated backpropagation through time (dynamic evaluation): the state enters as a constant (no
+    gradient flows into it) and c_T leaves without one; the weight gradients are MLSTMFunction's own
+    backward, which already reads c_0 and h_0 from the saved cs[0] / hs[0].
+    """
+
+    @staticmethod
+    def forward(ctx, x, w_in, bias, w_mh, w_m, h0, c0):
+        xt, pm, gates, cs, tcs, rs, ms, hs = _recur(x, w_in, bias, w_mh, w_m, (h0, c0))
+        ctx.save_for_backward(xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs)
+        c_last = cs[-1].clone()  # (B, H)
+        ctx.mark_non_differentiable(c_last)
+        return hs[1:].transpose(0, 1).contiguous(), c_last  # (B, T, H), (B, H)
+
+    @staticmethod
+    def backward(ctx, dy, _dc_last):
+        return (*MLSTMFunction.backward(ctx, dy), None, None)
+
+
+def mlstm_sequence_from(
+    x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], w_in, bias, w_mh, w_m
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """x (B, T, in) from state (h_0, c_0) -> (h (B, T, H), (h_T, c_T)); gradients reach the weights only."""
+    h0, c0 = (s.detach() for s in state)
+    h, c_last = MLSTMFromState.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m, h0, c0)
+    return h, (h[:, -1].detach(), c_last)
+
+
 @torch.no_grad()
 def mlstm_prefill(
     x: torch.Tensor, lengths: torch.Tensor, w_in, bias, w_mh, w_m

@@ -30,6 +30,15 @@ class EvalConfig:
     """How layers are split into stages when P > 1 (as in training)."""
     out: str | None = None
     """JSON result file (default: <run>/eval/<tag>.json for a checkpoint, <export>/eval.json)."""
+    dynamic: bool = False
+    """Also evaluate dynamically (Krause et al. 2018): each sequence / --text file read in order, segment by
+    segment, the state carried, the weights adapted after each scored segment (in memory only). One process."""
+    dyn_lr: float = 3e-3
+    """Dynamic evaluation: step size of the RMS-normalised update."""
+    dyn_decay: float = 0.005
+    """Dynamic evaluation: pull towards the trained weights per update (scaled per weight by its RMS)."""
+    dyn_segment: int = 32
+    """Dynamic evaluation: tokens scored per update."""
     verbose: bool = False
     """Let DeepSpeed log at INFO."""
 
@@ -40,6 +49,9 @@ class EvalConfig:
             raise ValueError("nothing to evaluate: give --data DIR (with --split) and/or --text FILE...")
         if self.split not in SPLITS:
             raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
-        for name in ("text_chunk_len", "pipeline_stages", "micro_batch"):
+        for name in ("text_chunk_len", "pipeline_stages", "micro_batch", "dyn_segment"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("dyn_lr", "dyn_decay"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
 from app.training.batching import BucketSchedule, TokenStore
 from app.training.compressors import compressed_bits_per_byte
+from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields
 from app.training.eval_config import EvalConfig
 from app.training.evaluation import EvalResult, evaluate
 from app.training.run_data import open_prepared
@@ -84,6 +86,7 @@ def default_out(src) -> Path:
 
 def fmt_table(rows: list[dict]) -> str:
     cols = ["", "tokens", "bytes", "loss", "ppl", "bits/byte", "gzip -9", "bzip2 -9", "xz -9"]
+    cols += [c for c in DYNAMIC_COLUMNS if any(c in r for r in rows)]
 
     def cell(r: dict, c: str) -> str:
         if c == "":
@@ -123,6 +126,10 @@ class Evaluator:
             self.data = open_prepared(cfg.data)
             check_data_tokenizer(self.data, self.src)
         self.texts = read_texts(cfg.text)
+        if cfg.dynamic and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError(
+                "--dynamic runs in one process: use python app/evaluate.py, not the deepspeed launcher"
+            )
         self.full = self.src.state_dict()
         num_specs = self.src.model_cfg.num_layers + 2
         if cfg.pipeline_stages > num_specs:
@@ -147,6 +154,10 @@ class Evaluator:
         )
         self.engine.module.load_state_dict(to_module_state(self.full, self.engine.module), strict=True)
         del self.full
+        self.dynamic = None
+        if self.cfg.dynamic:  # a private copy that adapts; the engine's weights stay the trained ones
+            c = self.cfg
+            self.dynamic = DynamicEvaluator(self.src.load_model(), c.dyn_lr, c.dyn_decay, c.dyn_segment)
 
     def _run(self, store: TokenStore, bounds: list[int]) -> EvalResult:
         lay = self.layout
@@ -160,6 +171,13 @@ class Evaluator:
             shuffle=False,
         )
         return evaluate(self.engine, sched, store, self.tokenizer.bos_id, self.tokenizer.pad_id)
+
+    def _with_dynamic(self, row: dict, sequences: list, num_bytes: int) -> dict:
+        """Add the dynamic-evaluation fields (and the gain over `row`'s static bits/byte) to `row`."""
+        dyn = dynamic_fields(self.dynamic.evaluate(sequences), num_bytes)
+        dyn["dyn gain %"] = 100.0 * (1.0 - dyn["dynamic"] / row["bits/byte"])
+        row.update(dyn)
+        return dyn
 
     def run(self) -> tuple[dict, list[dict]]:
         """-> (the JSON result, one table row per evaluated source)."""
@@ -184,14 +202,23 @@ class Evaluator:
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
+            if self.dynamic is not None:
+                seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
+                dyn = self._with_dynamic(rows[-1], seqs, res.num_bytes)
+                result.update({f"{cfg.split}/{k}": v for k, v in dyn.items()})
         result["texts"] = []
         for name, raw, text in self.texts:
             res = self._run(text_store(self.tokenizer, text, cfg.text_chunk_len), [cfg.text_chunk_len])
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
+            if self.dynamic is not None:
+                t = self.tokenizer
+                self._with_dynamic(row, [[t.bos_id, *t.encode(text), t.eos_id]], len(raw))
             rows.append(row)
             result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
         result["text_chunk_len"] = cfg.text_chunk_len
+        if self.dynamic is not None:
+            result["dynamic"] = {"lr": cfg.dyn_lr, "decay": cfg.dyn_decay, "segment": cfg.dyn_segment}
         return result, rows
 
     def report(self, result: dict, rows: list[dict], log) -> None:

@@ -1,0 +1,60 @@
+"""What `app/transfer.py` does: one typed config, checked at start-up (errors name the flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FEATURES = ("final_cell", "final_hidden", "mean_hidden")
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferConfig:
+    checkpoint: str = ""
+    """A run directory (its latest complete checkpoint), its checkpoints/ folder, a step_XXXXXXXX folder, or
+    an export folder."""
+    train: str = ""
+    """Labelled training texts: a .csv, .jsonl/.json or .parquet file (read through `datasets`)."""
+    test: str = ""
+    """Labelled test texts (same format); every label must occur in --train."""
+    validation: str | None = None
+    """Labelled validation texts for choosing C (default: a seeded --val-fraction split of --train)."""
+    text_field: str = "text"
+    """Column holding the text."""
+    label_field: str = "label"
+    """Column holding the label (strings or ints, reported back by name)."""
+    features: str = "final_cell"
+    """final_cell (the cell state after each text's last token, as in the sentiment-neuron paper),
+    final_hidden (the hidden state there) or mean_hidden (the layer's output averaged over the text)."""
+    layer: int = -1
+    """Recurrent layer to read (0-based; -1 the last). Layers above it are not run."""
+    out: str | None = None
+    """Output folder for transfer.json, the PNGs and the feature cache (default: <run>/transfer/<tag>,
+    <export>/transfer)."""
+    val_fraction: float = 0.2
+    """Share of --train held out to choose C when --validation is not given."""
+    seed: int = 0
+    """Seed of the --train/validation split and of the solver."""
+    top_k: int = 10
+    """Neurons reported by |weight|."""
+    batch_tokens: int = 16384
+    """Featurizing: padded tokens per batch (texts are sorted by length, so padding stays small)."""
+    heatmap_texts: int = 4
+    """Test texts drawn in the per-character heatmap of the top neuron."""
+    device: str = "auto"
+    """auto (cuda when available), cpu or cuda."""
+
+    def __post_init__(self) -> None:
+        for name in ("checkpoint", "train", "test"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required")
+        if self.features not in FEATURES:
+            raise ValueError(f"--features must be one of {', '.join(FEATURES)}, got {self.features!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        for name in ("top_k", "batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.heatmap_texts < 0:
+            raise ValueError(f"--heatmap-texts must be >= 0, got {self.heatmap_texts}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")

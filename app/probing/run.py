@@ -1,0 +1,210 @@
+"""`app/transfer.py` end to end: check every input, featurize (or read the cache), fit, plot, report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from app.checkpoints.loader import Source, open_source
+from app.common.errors import UserError
+from app.common.files import atomic_write
+from app.probing.config import TransferConfig
+from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
+
+EXTRA_HINT = "pip install 'mlstm-ds[transfer]'  (or: pip install scikit-learn matplotlib)"
+
+
+def require_extras() -> None:
+    missing = []
+    for mod, pkg in (("sklearn", "scikit-learn"), ("matplotlib", "matplotlib")):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(pkg)
+    if missing:
+        raise UserError(f"app/transfer.py needs {' and '.join(missing)}: {EXTRA_HINT}")
+
+
+def default_out(src: Source) -> Path:
+    if src.kind == "export":
+        return src.path / "transfer"
+    run = src.path.parent.parent if src.path.parent.name == "checkpoints" else src.path.parent
+    return run / "transfer" / src.path.name
+
+
+def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
+    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be."""
+    rng = np.random.default_rng(seed)
+    val = []
+    for k in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == k))
+        val.extend(rows[: round(fraction * len(rows))].tolist() if len(rows) > 1 else [])
+    val_idx = np.asarray(sorted(val), dtype=np.int64)
+    tr_idx = np.setdiff1d(np.arange(len(y)), val_idx)
+    if len(val_idx) == 0:
+        raise UserError(
+            f"--train {train.path}: too few rows to hold out a validation split; give --validation"
+        )
+    return tr_idx, val_idx
+
+
+class Transfer:
+    def __init__(self, cfg: TransferConfig) -> None:
+        """Every input is read and checked here, before any featurizing."""
+        require_extras()
+        self.cfg = cfg
+        self.src = open_source(cfg.checkpoint)
+        self.tokenizer = self.src.tokenizer()
+        f = (cfg.text_field, cfg.label_field)
+        self.train = read_labelled("train", cfg.train, *f)
+        self.test = read_labelled("test", cfg.test, *f)
+        self.val = read_labelled("validation", cfg.validation, *f) if cfg.validation else None
+        self.classes: Classes = classes_of(self.train)
+        self.y = {
+            "train": self.classes.encode(self.train, "train"),
+            "test": self.classes.encode(self.test, "test"),
+        }
+        if self.val is not None:
+            self.y["validation"] = self.classes.encode(self.val, "validation")
+        self.out = Path(cfg.out) if cfg.out else default_out(self.src)
+        n = self.src.model_cfg.num_layers
+        if not -n <= cfg.layer < n:
+            raise UserError(f"--layer {cfg.layer}: the model has {n} recurrent layers (0..{n - 1}, or -1)")
+        self.layer = cfg.layer % n
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is available")
+
+    def _features(self, model, data: Labelled, ids: list, ckpt_digest: str):
+        from app.probing.features import cache_path, cached_or_featurize, featurize
+
+        c = self.cfg
+        path = cache_path(
+            self.out / "features", ckpt_digest, data.sha256, c.text_field, c.features, self.layer
+        )
+        pad = self.tokenizer.pad_id
+
+        def compute():
+            return featurize(model, ids, c.features, self.layer, c.batch_tokens, pad)
+
+        return cached_or_featurize(path, len(ids), model.cfg.hidden_dim, compute)
+
+    def featurize_all(self, model) -> dict:
+        """-> {split: (Featurized, token ids)} for train, test (and validation)."""
+        from app.probing.features import checkpoint_digest, token_ids
+
+        digest = checkpoint_digest(self.src.path)
+        sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
+        out = {}
+        for name, data in sets.items():
+            ids = token_ids(self.tokenizer, data.texts)
+            out[name] = (self._features(model, data, ids, digest), ids)
+        return out
+
+    def _xy(self, feats: dict):
+        """(train, validation, test) as (X, y) pairs; validation from a seeded split of train when not given."""
+        Xtr, ytr = feats["train"][0].features, self.y["train"]
+        if "validation" in feats:
+            val = (feats["validation"][0].features, self.y["validation"])
+            return (Xtr, ytr), val, (feats["test"][0].features, self.y["test"]), None
+        tr_idx, val_idx = _split_train(self.train, ytr, self.cfg.val_fraction, self.cfg.seed)
+        test = (feats["test"][0].features, self.y["test"])
+        return (Xtr[tr_idx], ytr[tr_idx]), (Xtr[val_idx], ytr[val_idx]), test, (len(tr_idx), len(val_idx))
+
+    def _plots(self, model, feats: dict, neuron: int) -> list[str]:
+        from app.probing.features import neuron_trace
+        from app.probing.plots import char_values, heatmap, histogram
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        names, X, y = self.classes.names, feats["test"][0].features, self.y["test"]
+        histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron)
+        files = ["top_neuron_hist.png"]
+        # a few test texts, alternating classes so each colour story shows
+        picks = [
+            int(np.flatnonzero(y == k)[j])
+            for j in range(len(y))
+            for k in range(len(names))
+            if (y == k).sum() > j
+        ]
+        picks = picks[: self.cfg.heatmap_texts]
+        if picks:
+            ids = feats["test"][1]
+            drawn = []
+            for i in picks:
+                seq = ids[i][:800]
+                trace = neuron_trace(model, seq, self.cfg.features, self.layer, neuron)
+                drawn.append((*char_values(self.tokenizer, seq, trace), names[y[i]]))
+            heatmap(self.out / "top_neuron_text.png", drawn, neuron)
+            files.append("top_neuron_text.png")
+        return files
+
+    def run(self) -> dict:
+        from app.probing.probe import fit_probe
+
+        c = self.cfg
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
+        model = self.src.load_model(device)
+        feats = self.featurize_all(model)
+        train, val, test, split = self._xy(feats)
+        probe, _, _ = fit_probe(train, val, test, c.top_k, c.seed)
+        pngs = self._plots(model, feats, probe.single["neuron"])
+        fresh = [f for f, _ in feats.values() if not f.cached]
+        secs, toks, texts = (
+            sum(f.seconds for f in fresh),
+            sum(f.tokens for f in fresh),
+            sum(len(f.features) for f in fresh),
+        )
+        result = {
+            "checkpoint": self.src.describe(),
+            "features": c.features,
+            "layer": self.layer,
+            "hidden_dim": self.src.model_cfg.hidden_dim,
+            "classes": self.classes.names,
+            "rows": {k: len(v) for k, v in self.y.items()},
+            "validation": c.validation
+            or f"seeded split of --train (fraction {c.val_fraction}, seed {c.seed})",
+            "train_val_rows": list(split) if split else None,
+            "C": probe.C,
+            "val_accuracy_by_C": {f"{k:g}": v for k, v in probe.val_accuracy.items()},
+            "train_accuracy": probe.train_accuracy,
+            "test_accuracy": probe.test_accuracy,
+            "majority_class_test_accuracy": float(np.bincount(test[1]).max() / len(test[1])),
+            "nonzero_weights": probe.nonzero,
+            "top_neurons": probe.top,
+            "single_neuron": probe.single,
+            "converged": probe.converged,
+            "featurize": {
+                "cached": {k: f.cached for k, (f, _) in feats.items()},
+                "texts": texts,
+                "tokens": toks,
+                "seconds": secs,
+                "texts_per_s": texts / secs if secs else None,
+                "tokens_per_s": toks / secs if secs else None,
+                "device": device,
+            },
+            "figures": pngs,
+        }
+        atomic_write(self.out / "transfer.json", json.dumps(result, indent=1))
+        return result
+
+
+def summary(result: dict, out: Path) -> str:
+    s, f = result["single_neuron"], result["featurize"]
+    speed = (
+        f"{f['texts_per_s']:.1f} texts/s, {f['tokens_per_s']:,.0f} tokens/s" if f["seconds"] else "from cache"
+    )
+    return "\n".join(
+        [
+            result["checkpoint"],
+            f"classes {', '.join(result['classes'])}; rows {result['rows']}; features {result['features']} "
+            f"of layer {result['layer']} ({result['hidden_dim']} units); featurized {speed}",
+            f"L1 logistic regression: C {result['C']:g}, test accuracy {result['test_accuracy']:.4f} "
+            f"(majority class {result['majority_class_test_accuracy']:.4f}), {result['nonzero_weights']} "
+            f"non-zero neurons{'' if result['converged'] else ' (solver did not fully converge)'}",
+            f"single neuron {s['neuron']}: test accuracy {s['test_accuracy']:.4f}",
+            f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
+            f"written: {out / 'transfer.json'}, {', '.join(str(out / p) for p in result['figures'])}",
+        ]
+    )

@@ -1,0 +1,136 @@
+"""Dynamic evaluation (Krause et al. 2018): adapt the weights to the text while reading it.
+
+Each sequence is read in order, --dyn-segment tokens at a time, the recurrent state carried from one
+segment to the next (gradients stop at segment boundaries). A segment is SCORED FIRST with the current
+weights, and only then does its gradient move them, so no token is ever predicted by weights that have
+seen it. The update is Krause et al.'s RMS-normalised step with decay towards the trained weights θ0:
+
+    θ <- θ - lr * g / (RMS + eps) + decay * r * (θ0 - θ),     r = RMS / Σ_tensors mean(RMS), decay*r <= 1
+
+RMS is the root of the mean squared gradient. Krause et al. measure it once on training data; here it is
+the running mean over the segments already scored (an evaluation may have no training data), so the
+first steps are sign-like and the normaliser settles as the text is read. The weights change only in
+this process's private copy of the model: the checkpoint on disk is never written.
+
+The same loop with no update ("static, state carried") separates what carrying the state across
+segments gains from what adapting the weights gains. Nothing is random (eval mode: no dropout), so the
+result is a pure function of the checkpoint, the text and the three settings.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from app.model.lm import LanguageModel
+
+EPS = 1e-8
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResult:
+    carried_nats: float  # static weights, state carried across segments
+    dynamic_nats: float
+    tokens: int
+    carried_seconds: float
+    dynamic_seconds: float
+
+
+class DynamicEvaluator:
+    """Holds a private copy of the model, its trained weights θ0 and the running mean squared gradient."""
+
+    def __init__(self, model: LanguageModel, lr: float, decay: float, segment: int) -> None:
+        self.model = copy.deepcopy(model).eval()
+        self.lr, self.decay, self.segment = lr, decay, segment
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.theta0 = [p.detach().clone() for p in self.params]
+        self.mean_sq = [torch.zeros_like(p) for p in self.params]
+        self.updates = 0
+
+    def _segment(self, ids: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """ids (1, S + 1): predict ids[:, 1:] from ids[:, :-1] starting from `state` -> (summed nats, state)."""
+        m = self.model
+        x = m.embedding(ids[:, :-1])  # (1, S, E)
+        new = []
+        for layer, s in zip(m.recurrent, state):
+            x, s = layer.forward_from(x, s)  # (1, S, H)
+            new.append(s)
+        logits = m.head(x)  # (1, S, V)
+        nats = F.cross_entropy(logits.flatten(0, 1).float(), ids[0, 1:], reduction="sum")
+        return nats, new
+
+    @torch.no_grad()
+    def _update(self) -> None:
+        """One RMS-normalised step from the gradients in .grad, decaying towards θ0."""
+        self.updates += 1
+        n = self.updates
+        for p, ms in zip(self.params, self.mean_sq):
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            ms.mul_((n - 1) / n).addcmul_(g, g, value=1.0 / n)  # running mean of g^2
+        rms = [ms.sqrt() for ms in self.mean_sq]
+        total = sum(float(r.mean()) for r in rms) or 1.0
+        for p, p0, r in zip(self.params, self.theta0, rms):
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            rate = (self.decay * r / total).clamp_(max=1.0)  # per-element pull towards θ0
+            p.add_(rate * (p0 - p) - self.lr * g / (r + EPS))
+            p.grad = None
+
+    def sequence(self, ids: list[int] | torch.Tensor, adapt: bool) -> float:
+        """Summed nats of predicting ids[1:] (ids[0] is BOS), segment by segment with the state carried."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.model.embedding.weight.device).view(1, -1)
+        state = [layer.init_state(1, ids.device) for layer in self.model.recurrent]
+        total = 0.0
+        for start in range(0, ids.shape[1] - 1, self.segment):
+            seg = ids[:, start : start + self.segment + 1]  # (1, S + 1): S targets
+            if not adapt:
+                with torch.no_grad():
+                    nats, state = self._segment(seg, state)
+                total += float(nats)
+                continue
+            nats, state = self._segment(seg, state)
+            total += float(nats.detach())  # scored before the weights see it
+            nats.backward()
+            self._update()
+        return total
+
+    def reset(self) -> None:
+        """Back to the trained weights and an empty gradient history."""
+        with torch.no_grad():
+            for p, p0, ms in zip(self.params, self.theta0, self.mean_sq):
+                p.copy_(p0)
+                ms.zero_()
+        self.updates = 0
+
+    def evaluate(self, sequences: list) -> DynamicResult:
+        """Every sequence (BOS first) with static weights and state carried, then adapting from θ0 in order
+        (the weights keep adapting across sequences: they are one text read in order)."""
+        self.reset()
+        t0 = time.perf_counter()
+        carried = sum(self.sequence(s, adapt=False) for s in sequences)
+        t1 = time.perf_counter()
+        dynamic = sum(self.sequence(s, adapt=True) for s in sequences)
+        t2 = time.perf_counter()
+        self.reset()
+        tokens = sum(len(s) - 1 for s in sequences)
+        return DynamicResult(carried, dynamic, tokens, t1 - t0, t2 - t1)
+
+
+DYNAMIC_COLUMNS = ("static carried", "dynamic", "dyn gain %")
+
+
+def dynamic_fields(res: DynamicResult, num_bytes: int) -> dict:
+    """Table/JSON fields: bits per byte with the state carried (static weights) and adapting, and speeds."""
+    ln2_bytes = math.log(2) * max(1, num_bytes)
+    carried, dynamic = res.carried_nats / ln2_bytes, res.dynamic_nats / ln2_bytes
+    return {
+        "static carried": carried,
+        "dynamic": dynamic,
+        "dynamic_loss": res.dynamic_nats / max(1, res.tokens),
+        "carried_tokens_per_s": res.tokens / max(res.carried_seconds, 1e-9),
+        "dynamic_tokens_per_s": res.tokens / max(res.dynamic_seconds, 1e-9),
+    }

@@ -1,0 +1,41 @@
+"""Sentiment-neuron style transfer: a trained LM's features of labelled texts -> L1 logistic regression.
+
+    python app/transfer.py --checkpoint runs/big --train train.csv --test test.csv [--validation val.csv]
+        [--text-field text] [--label-field label] [--features final_cell|final_hidden|mean_hidden]
+        [--layer -1] [--out DIR]
+
+Texts are tokenized with the checkpoint's tokenizer and run through the recurrent prefill path in
+length-sorted batches; the feature is read after each text's last token (Radford et al. 2017 use the
+final cell state). C is chosen on --validation (or a seeded split of --train). Reports test accuracy,
+non-zero weights, the top neurons and the accuracy of the top neuron alone; writes transfer.json, a
+histogram of that neuron by class and its value per character over a few test texts (PNG).
+Needs the `transfer` extra: pip install 'mlstm-ds[transfer]'.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import the repo, not app/
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from app.common.cli import parse_config
+from app.common.errors import exit_on_user_error
+from app.common.logs import setup_logging
+from app.probing.config import TransferConfig
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(TransferConfig, argv, __doc__)
+    setup_logging(False)
+    from app.probing.run import Transfer, summary
+
+    transfer = Transfer(cfg)
+    print(summary(transfer.run(), transfer.out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

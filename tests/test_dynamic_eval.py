@@ -1,0 +1,131 @@
+"""Dynamic evaluation (app/training/dynamic_eval.py, `app/evaluate.py --dynamic`).
+
+The cell run from a carried state is checked against float64 finite differences and against one
+unsplit pass; the end-to-end tests run the real CLI on the real training run of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from test_evaluate import evaluate_cli
+from test_weights import fake_checkpoint, tiny
+
+from app.evaluate import main as evaluate_main
+from app.model.config import debug_config
+from app.model.layers import RecurrentLayer
+from app.model.mlstm_core import mlstm_sequence_from
+from app.training.dynamic_eval import DynamicEvaluator
+
+
+def test_cell_from_a_state_has_exact_weight_gradients():
+    """Fresh random float64 inputs and a non-zero starting state: the custom backward agrees with finite
+    differences for x and every weight."""
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    B, T, D, H = 2, 5, 3, 4
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).requires_grad_()
+
+    x, ws = rnd(B, T, D), (rnd(5 * H, D), rnd(4 * H), rnd(H, H, scale=0.5), rnd(4 * H, H, scale=0.5))
+    state = (
+        torch.randn(B, H, generator=g, dtype=torch.float64).tanh(),
+        torch.randn(B, H, generator=g).double(),
+    )
+    assert torch.autograd.gradcheck(lambda *a: mlstm_sequence_from(a[0], state, *a[1:])[0], (x, *ws))
+
+
+@pytest.mark.parametrize("cell", ["mlstm", "lstm"])
+def test_carried_state_equals_one_unsplit_pass(cell):
+    torch.manual_seed(random.randrange(1 << 30))
+    layer = RecurrentLayer(debug_config(cell=cell, weight_norm=cell == "mlstm"), 1).double()
+    x = torch.randn(3, 11, layer.in_dim, dtype=torch.float64)
+    whole = layer(x)  # (B, T, H) from a zero state
+    state, parts = layer.init_state(3, "cpu", torch.float64), []
+    for a, b in ((0, 4), (4, 5), (5, 11)):
+        y, state = layer.forward_from(x[:, a:b], state)
+        parts.append(y)
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=1e-10, atol=1e-12)
+
+
+def test_segments_are_scored_before_the_update():
+    """The first segment's loss with adaptation equals its loss without: no token sees its own gradient."""
+    model = tiny()
+    ids = list(range(3, 40)) * 2
+    dyn = DynamicEvaluator(model, lr=1e-2, decay=0.0, segment=len(ids) - 1)  # one segment: nothing to gain
+    res = dyn.evaluate([ids])
+    assert res.dynamic_nats == pytest.approx(res.carried_nats, rel=1e-6)
+    for p, p0 in zip(dyn.params, model.parameters()):  # reset to the trained weights afterwards
+        assert torch.equal(p, p0)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint(reference_run, tmp_path):
+    run_dir, _ = reference_run
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(40)
+    ]
+    block = " ".join(rng.choice(words) for _ in range(60)) + ".\n"
+    text = tmp_path / "repeated.txt"
+    text.write_text(block * 6)  # structure the model never saw, repeated: what adaptation can learn
+    before = digest(run_dir / "checkpoints")
+    args = (
+        "--text",
+        str(text),
+        "--dynamic",
+        "--dyn-lr",
+        "1e-3",
+        "--dyn-decay",
+        "0.02",
+        "--dyn-segment",
+        "32",
+    )
+    a = evaluate_cli(run_dir, tmp_path / "a.json", *args)
+    b = evaluate_cli(run_dir, tmp_path / "b.json", *args)
+    assert digest(run_dir / "checkpoints") == before  # not one byte of the checkpoint changed
+    ra, rb = a["texts"][0], b["texts"][0]
+    assert ra["dynamic"] == rb["dynamic"] and ra["static carried"] == rb["static carried"]  # deterministic
+    assert ra["dynamic"] < 0.9 * ra["static carried"] and ra["dynamic"] < 0.9 * ra["bits/byte"], ra
+    assert ra["dyn gain %"] == pytest.approx(100 * (1 - ra["dynamic"] / ra["bits/byte"]))
+    assert a["dynamic"] == {"lr": 1e-3, "decay": 0.02, "segment": 32}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--dyn-segment", "0"], "--dyn-segment"),
+        (["--dyn-lr", "-1"], "--dyn-lr"),
+        (["--dyn-decay", "nan"], "--dyn-decay"),
+        (["--dyn-lr", "fast"], "dyn_lr"),
+    ],
+)
+def test_bad_dynamic_flags_are_one_clear_line(tmp_path, capsys, args, needle):
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    (tmp_path / "t.txt").write_text("hello")
+    rc = evaluate_main(
+        ["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--dynamic", *args]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_table_shows_dynamic_columns_only_when_evaluated():
+    from app.training.evaluator import fmt_table
+
+    rows = [{"name": "x", "bits/byte": 2.0, "static carried": 1.9, "dynamic": 1.5, "dyn gain %": 25.0}]
+    head = fmt_table(rows).splitlines()[0]
+    assert "dynamic" in head and "static carried" in head
+    assert "dynamic" not in fmt_table([{"name": "x", "bits/byte": 2.0}]).splitlines()[0]

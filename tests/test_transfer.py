@@ -1,0 +1,202 @@
+"""app/transfer.py: features through the prefill path, the L1 probe, the figures, the cache, bad input.
+
+A tiny random debug model with the byte tokenizer (tests/test_weights.py) is enough: its states
+already separate texts made of different characters, so the pipeline's numbers can be checked fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_weights import fake_checkpoint, tiny
+
+from app.model.reference import naive_mlstm
+from app.probing.features import batch_features, featurize, length_batches, token_ids
+from app.transfer import main as transfer_main
+from data_prep.tokenizer import ByteTokenizer
+
+
+def texts_of(alphabet: str, n: int, rng: random.Random) -> list[str]:
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(3, 40))) for _ in range(n)]
+
+
+def write_csv(path: Path, rows: list[tuple[str, object]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def task(tmp_path):
+    """Binary: lower-case letters ("letters") vs digits and punctuation ("digits"); CSV train, JSONL test."""
+    rng = random.Random(0)
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    rows = [(t, "letters") for t in texts_of("abcdefgh ", 40, rng)]
+    rows += [(t, "digits") for t in texts_of("0123456789.,;", 40, rng)]
+    rng.shuffle(rows)
+    write_csv(tmp_path / "train.csv", rows)
+    test = [{"text": t, "label": "letters"} for t in texts_of("abcdefgh ", 12, rng)]
+    test += [{"text": t, "label": "digits"} for t in texts_of("0123456789.,;", 12, rng)]
+    write_jsonl(tmp_path / "test.jsonl", test)
+    return tmp_path
+
+
+def run_transfer(tmp_path: Path, *extra: str) -> dict:
+    args = ["--checkpoint", str(tmp_path / "run"), "--train", str(tmp_path / "train.csv")]
+    args += ["--test", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "out"), *extra]
+    assert transfer_main(args) == 0
+    return json.loads((tmp_path / "out" / "transfer.json").read_text())
+
+
+def test_binary_probe_end_to_end_and_cache(task, capsys):
+    res = run_transfer(task)
+    assert res["classes"] == ["digits", "letters"] and res["rows"] == {"train": 80, "test": 24}
+    assert res["test_accuracy"] > res["majority_class_test_accuracy"] + 0.3  # a separable task is separated
+    assert 1 <= res["nonzero_weights"] <= res["hidden_dim"] and res["C"] in {2.0**k for k in range(-6, 5)}
+    top = res["top_neurons"]
+    assert top and abs(top[0]["weight"]) >= max(abs(t["weight"]) for t in top)
+    assert (
+        top[0]["neuron"] == res["single_neuron"]["neuron"] and 0 <= res["single_neuron"]["test_accuracy"] <= 1
+    )
+    assert len(res["single_neuron"]["threshold"]) == 1
+    for png in res["figures"]:
+        assert (task / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert res["featurize"]["tokens"] > 0 and not any(res["featurize"]["cached"].values())
+    assert "test accuracy" in capsys.readouterr().out
+    again = run_transfer(task)  # features from the .npy cache, same answer
+    assert all(again["featurize"]["cached"].values())
+    assert again["test_accuracy"] == res["test_accuracy"] and again["top_neurons"] == res["top_neurons"]
+    for f in (task / "out" / "features").glob("*.npy"):
+        np.load(f, allow_pickle=False)  # plain arrays: nothing to unpickle
+
+
+def test_multiclass_int_labels_parquet_and_validation(tmp_path):
+    import datasets
+
+    rng = random.Random(1)
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    alphabets = {3: "abc ", 7: "xyz!", 11: "0123"}
+
+    def part(name: str, n: int) -> Path:
+        rows = [{"text": t, "label": k} for k, a in alphabets.items() for t in texts_of(a, n, rng)]
+        datasets.Dataset.from_list(rows).to_parquet(tmp_path / f"{name}.parquet")
+        return tmp_path / f"{name}.parquet"
+
+    args = [
+        "--checkpoint",
+        str(tmp_path / "run"),
+        "--out",
+        str(tmp_path / "out"),
+        "--features",
+        "mean_hidden",
+    ]
+    args += [
+        "--train",
+        str(part("train", 20)),
+        "--validation",
+        str(part("val", 6)),
+        "--test",
+        str(part("test", 6)),
+    ]
+    assert transfer_main([*args, "--layer", "0"]) == 0
+    res = json.loads((tmp_path / "out" / "transfer.json").read_text())
+    assert res["classes"] == ["3", "7", "11"] and res["rows"]["validation"] == 18 and res["layer"] == 0
+    assert res["test_accuracy"] > 0.6 and len(res["top_neurons"][0]["weight"]) == 3  # one weight per class
+
+
+def test_features_match_a_float64_reference_and_ignore_padding():
+    """Padded, length-sorted batches give each text the features of that text alone, equal to the naive
+    float64 recurrence (final hidden state, mean hidden state) on fresh random weights."""
+    torch.manual_seed(random.randrange(1 << 30))
+    model = tiny(weight_norm=False)
+    tok = ByteTokenizer()
+    rng = random.Random(2)
+    ids = token_ids(tok, texts_of("abcdefghij 01", 9, rng))
+    lay = model.recurrent[0]
+    w = lambda t: t.detach().double()  # noqa: E731
+    for kind in ("final_hidden", "mean_hidden", "final_cell"):
+        got = featurize(model, ids, kind, 0, batch_tokens=60, pad_id=tok.pad_id).features  # several batches
+        for i, s in enumerate(ids):
+            alone = batch_features(model, torch.as_tensor(s)[None], torch.tensor([len(s)]), kind, 0)[0]
+            np.testing.assert_allclose(got[i], alone.numpy(), rtol=1e-5, atol=1e-5)
+            if kind == "final_cell":
+                continue
+            x = model.embedding(torch.as_tensor(s)[None]).double()  # (1, T, E)
+            H = lay.hidden_dim
+            h = naive_mlstm(
+                x, w(lay.weight_in[:H]), w(lay.weight_in[H:]), w(lay.bias), w(lay.weight_mh), w(lay.weight_m)
+            )
+            ref = h[0, -1] if kind == "final_hidden" else h[0].mean(0)
+            np.testing.assert_allclose(got[i], ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_length_batches_respect_the_budget_and_cover_every_row():
+    lengths = np.asarray([5, 50, 3, 20, 20, 7, 1])
+    batches = length_batches(lengths, 40)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 40
+    flat = np.concatenate(batches)
+    assert (np.diff(lengths[flat]) >= 0).all()  # sorted by length
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        ("--text-field body", "no column 'body'"),
+        ("single_class", "needs two or more classes"),
+        ("empty_text", "row 2: 'text' is empty"),
+        ("unknown_test_label", "label 'other' does not occur in --train"),
+        ("--layer 5", "--layer 5"),
+        ("--features last", "--features"),
+        ("bad_format", "unknown format '.txt'"),
+        ("missing_file", "no such file"),
+    ],
+)
+def test_bad_input_is_one_clear_line(task, capsys, mutate, needle):
+    train, test = task / "train.csv", task / "test.jsonl"
+    extra: list[str] = []
+    if mutate.startswith("--"):
+        extra = mutate.split()
+    elif mutate == "single_class":
+        write_csv(train, [("abc", "x"), ("def", "x")])
+    elif mutate == "empty_text":
+        write_csv(train, [("abc", "x"), ("  ", "y")])
+    elif mutate == "unknown_test_label":
+        write_jsonl(test, [{"text": "abc", "label": "letters"}, {"text": "abc", "label": "other"}])
+    elif mutate == "bad_format":
+        test = task / "test.txt"
+        test.write_text("abc")
+    elif mutate == "missing_file":
+        test = task / "nope.csv"
+    args = ["--checkpoint", str(task / "run"), "--train", str(train), "--test", str(test), *extra]
+    rc = transfer_main([*args, "--out", str(task / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not (task / "out" / "transfer.json").exists()
+
+
+def test_missing_extra_names_the_pip_command(task, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # what an environment without the extra looks like
+    rc = transfer_main(["--checkpoint", str(task / "run"), "--train", "a.csv", "--test", "b.csv"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        rc == 2
+        and len(err) == 1
+        and "pip install 'mlstm-ds[transfer]'" in err[0]
+        and "scikit-learn" in err[0]
+    )
