@@ -37,15 +37,20 @@ def allowed_globals() -> list:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
+def _refusal(e: Exception) -> str:
+    """The one informative line of torch's weights-only refusal (which global it would have imported)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")
+    return why.split(" was not an allowed global")[0]
+
+
 def safe_torch_load(path: Path) -> object:
     """`torch.load` weights-only with DeepSpeed's allow-list; a refusal is one line naming the file."""
     try:
         with torch.serialization.safe_globals(allowed_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")
-        why = why.split(" was not an allowed global")[0]
+        why = _refusal(e)
         raise UserError(
             f"{path}: refused to load: it needs more than tensors and DeepSpeed's checkpoint types ({why}); "
             "a checkpoint from elsewhere may be crafted to run code: re-create it or use a new --out"
@@ -73,8 +78,8 @@ def weights_only_loads():
         try:
             return original(*args, **kwargs)
         except pickle.UnpicklingError as e:
-            first = (str(e).strip().splitlines() or ["unpickling refused"])[0]
-            raise UserError(f"refused to load a checkpoint file weights-only ({first})") from None
+            where = args[0] if args else kwargs.get("f", "?")
+            raise UserError(f"{where}: refused to load weights-only ({_refusal(e)})") from None
 
     with torch.serialization.safe_globals(allowed_globals()):
         torch.load = forced
