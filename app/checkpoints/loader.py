@@ -15,6 +15,7 @@ from app.checkpoints.consolidate import StateDict, checkpoint_state_dict
 from app.checkpoints.export_format import TOKENIZER_FILE, is_export_dir, read_export_config, read_weights
 from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
 from app.common.errors import UserError
+from app.common.files import check_tree_inside
 from app.model.config import ModelConfig
 from app.model.lm import LanguageModel
 
@@ -78,6 +79,7 @@ def _model_cfg(d: object, where: Path) -> ModelConfig:
 def open_source(path: str | Path) -> Source:
     p = Path(path)
     if is_export_dir(p):
+        check_tree_inside(p, p, "--checkpoint")  # weights and tokenizer: inside the folder handed to us
         cfg = read_export_config(p)
         return Source(
             path=p,
@@ -88,6 +90,7 @@ def open_source(path: str | Path) -> Source:
             trained_layout=cfg.get("trained_layout"),
         )
     d = resolve_checkpoint_dir(p)
+    check_tree_inside(d, p, "--checkpoint")
     state = read_app_state(d)
     tok = state.get("tokenizer")
     if not isinstance(tok, dict):

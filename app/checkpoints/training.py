@@ -6,15 +6,20 @@ Layout of `<run>/checkpoints/`:
         rng_rank{r}.json      python/numpy/torch RNG states of rank r (JSON: nothing to unpickle)
         app_state.json        step, sampler position, resolved configs, tokenizer meta (rank 0)
         tokenizer.model       copy of the data's SentencePiece model (absent for byte tokenizer)
-        COMPLETE              manifest {file: size}, written last by rank 0 after a barrier
+        COMPLETE              manifest {file: {size, sha256}}, written last by rank 0 after a barrier
     latest                    tag of the newest COMPLETE checkpoint, replaced atomically
+    damaged/                  checkpoints whose files no longer match their manifest, moved aside
 
-A crash during a save leaves a tag without COMPLETE; it is ignored on resume and pruned later.
+A crash during a save leaves a tag without COMPLETE; it is ignored on resume and pruned later. A tag
+with COMPLETE whose files do not match it is never deleted: it is moved to damaged/ with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import random
 import re
 import shutil
@@ -24,11 +29,14 @@ import numpy as np
 import torch
 
 from app.common.errors import UserError
-from app.common.files import atomic_write, read_json_object
+from app.common.files import atomic_write, fsync_dir, read_json_object
+
+log = logging.getLogger("mlstm")
 
 CHECKPOINT_FORMAT = 1
 COMPLETE = "COMPLETE"
 LATEST = "latest"
+DAMAGED = "damaged"
 _TAG = re.compile(r"^step_(\d{8})$")
 
 
@@ -64,20 +72,64 @@ def set_rng_state(state: dict) -> None:
 # ---------------------------------------------------------------- finding checkpoints
 
 
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(ckpt_dir: Path) -> dict | None:
+    try:
+        files = json.loads((ckpt_dir / COMPLETE).read_text())["files"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None
+
+
 def is_complete(ckpt_dir: Path) -> bool:
     """A checkpoint counts only with its manifest, and every file in it present at its recorded size."""
-    manifest = ckpt_dir / COMPLETE
-    if not manifest.is_file():
+    files = _manifest(ckpt_dir)
+    if files is None:
         return False
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError):
-        return False
-    for name, size in files.items():
+    for name, entry in files.items():
+        size = entry["size"] if isinstance(entry, dict) else entry  # format-1 manifests: sizes only
         f = ckpt_dir / name
         if not f.is_file() or f.stat().st_size != size:
             return False
     return True
+
+
+def damaged_files(ckpt_dir: Path) -> list[str]:
+    """Files whose size or sha256 differs from the manifest (all of them when the manifest is unreadable)."""
+    files = _manifest(ckpt_dir)
+    if files is None:
+        return [COMPLETE]
+    bad = []
+    for name, entry in files.items():
+        f = ckpt_dir / name
+        want = entry if isinstance(entry, dict) else {"size": entry}
+        if (
+            not f.is_file()
+            or f.stat().st_size != want["size"]
+            or ("sha256" in want and sha256_file(f) != want["sha256"])
+        ):
+            bad.append(name)
+    return bad
+
+
+def move_aside(root: Path, tag: str) -> Path:
+    """Move a damaged checkpoint to `root/damaged/` (kept for inspection, never deleted silently)."""
+    dest_root = root / DAMAGED
+    dest_root.mkdir(exist_ok=True)
+    dest = dest_root / tag
+    n = 1
+    while dest.exists():
+        dest, n = dest_root / f"{tag}.{n}", n + 1
+    os.replace(root / tag, dest)
+    fsync_dir(root)
+    return dest
 
 
 def complete_tags(root: Path) -> list[str]:
@@ -91,6 +143,11 @@ def complete_tags(root: Path) -> list[str]:
 def find_resume_tag(root: Path, requested: str | None) -> str | None:
     """The tag to resume from: the requested one (must exist and be complete), else `latest`, else none."""
     if requested:
+        if not _TAG.match(requested):
+            raise UserError(
+                f"--resume {requested}: expected a tag under --out/checkpoints such as step_00000100 "
+                f"(complete checkpoints: {', '.join(complete_tags(root)) or 'none'})"
+            )
         if not (root / requested).is_dir():
             have = ", ".join(complete_tags(root)) or "none"
             raise UserError(
@@ -104,7 +161,7 @@ def find_resume_tag(root: Path, requested: str | None) -> str | None:
     latest = root / LATEST
     if latest.is_file():
         tag = latest.read_text().strip()
-        if is_complete(root / tag):
+        if _TAG.match(tag) and is_complete(root / tag):  # a tag name only: never a path elsewhere
             return tag
     tags = complete_tags(root)
     return tags[-1] if tags else None
@@ -144,10 +201,13 @@ def commit(root: Path, tag: str, app_state: dict, world_size: int, tokenizer_pat
     if missing:
         raise RuntimeError(f"checkpoint {d} is missing {', '.join(missing)} after every rank reported done")
     if tokenizer_path is not None:
-        shutil.copyfile(tokenizer_path, d / "tokenizer.model")
+        atomic_write(d / "tokenizer.model", Path(tokenizer_path).read_bytes())
     _write_json_atomic(d / "app_state.json", {"checkpoint_format": CHECKPOINT_FORMAT, **app_state})
+    for p in d.rglob("*"):  # DeepSpeed's own files were written without fsync
+        if p.is_file() and p.name != COMPLETE:
+            _fsync_file(p)
     files = {
-        str(p.relative_to(d)): p.stat().st_size
+        str(p.relative_to(d)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(d.rglob("*"))
         if p.is_file() and p.name != COMPLETE
     }
@@ -156,10 +216,28 @@ def commit(root: Path, tag: str, app_state: dict, world_size: int, tokenizer_pat
     atomic_write(root / LATEST, tag)
 
 
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def invalidate(root: Path, tag: str) -> None:
+    """Before a tag folder is (re)written: drop its COMPLETE marker first, so a crash mid-way leaves it
+    incomplete rather than an old manifest over new files."""
+    marker = root / tag / COMPLETE
+    if marker.exists():
+        marker.unlink()
+        fsync_dir(marker.parent)
+
+
 def prune(root: Path, keep_last: int) -> list[str]:
     """Delete all but the newest `keep_last` complete checkpoints and any interrupted saves.
 
     Never deletes the tag `latest` names. Runs on rank 0 after the commit barrier, so no rank is writing.
+    A folder with a manifest its files do not match is moved to damaged/ with a warning, not deleted.
     """
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     complete = complete_tags(root)
@@ -167,6 +245,11 @@ def prune(root: Path, keep_last: int) -> list[str]:
     removed = []
     for p in sorted(root.iterdir()):
         if p.is_dir() and _TAG.match(p.name) and p.name not in keep:
+            if (p / COMPLETE).exists() and not is_complete(p):
+                log.warning(
+                    f"checkpoint {p} does not match its manifest: moved to {move_aside(root, p.name)}"
+                )
+                continue
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p.name)
     return removed
@@ -191,12 +274,14 @@ def read_rank_state(ckpt_dir: Path, rank: int) -> dict:
 RESUME_LAYOUT_KEYS = ("stages", "data_parallel", "zero_stage", "precision")
 
 
-def check_resumable(state: dict, tag: str, layout: dict, sampler: dict, run_dir: Path) -> None:
+def check_resumable(
+    state: dict, tag: str, layout: dict, sampler: dict, run_dir: Path, allow_data_change: bool = False
+) -> None:
     """Refuse, in one line, a resume that would change the data order or the parallel layout."""
-    if state["sampler"] != sampler:
+    if state["sampler"] != sampler and not allow_data_change:
         raise UserError(
             f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
-            f"{sampler}; resuming would change the data order: use a new --out"
+            f"{sampler}; resuming would change the data order: use a new --out (or --allow-data-change)"
         )
     was = {k: state["layout"].get(k) for k in RESUME_LAYOUT_KEYS}
     now = {k: layout[k] for k in RESUME_LAYOUT_KEYS}

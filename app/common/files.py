@@ -55,3 +55,20 @@ def read_json_object(path: Path, what: str) -> dict:
     if not isinstance(obj, dict):
         raise UserError(f"{what}: {path}: expected a JSON object at the top level")
     return obj
+
+
+def check_inside(path: Path, root: Path, what: str) -> None:
+    """Refuse `path` (a file in `root`) when it, or a symlink on the way, resolves outside `root`."""
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    if real != top and top not in real.parents:
+        raise UserError(
+            f"{what}: {path} points outside {root} (to {real}); refused: files of a run or data "
+            "directory must live inside it (copy the file in instead of linking it)"
+        )
+
+
+def check_tree_inside(folder: Path, root: Path, what: str) -> None:
+    """Every entry under `folder` stays inside `root` (symlinks included)."""
+    check_inside(folder, root, what)
+    for p in sorted(folder.rglob("*")):
+        check_inside(p, root, what)

@@ -5,6 +5,7 @@ Every inconsistency is a `UserError` that names the key or flag and prints the n
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,24 @@ def _int_key(cfg: dict, key: str, src: str) -> int | None:
     return v
 
 
+_EXAMPLES = {
+    "bf16": '{"enabled": true}',
+    "fp16": '{"enabled": true}',
+    "zero_optimization": '{"stage": 1}',
+    "optimizer": '{"type": "AdamW", "params": {"lr": 0.001}}',
+}
+
+
+def _section(cfg: dict, key: str, src: str) -> dict:
+    """A sub-object of the DeepSpeed JSON (`{}` when absent); any other type is one line naming the key."""
+    v = cfg.get(key, {})
+    if not isinstance(v, dict):
+        raise UserError(
+            f"{src}: `{key}` must be a JSON object such as {_EXAMPLES.get(key, '{...}')}, got {json.dumps(v)}"
+        )
+    return v
+
+
 def resolve_layout(
     cfg: dict, world_size: int, stages: int, src: str = "deepspeed config", *, training: bool = True
 ) -> Layout:
@@ -96,16 +115,16 @@ def resolve_layout(
             f"data_parallel {dp} (= world_size {world_size} / pipeline_stages {stages}) = {mb * ga * dp}"
         )
 
-    zero = cfg.get("zero_optimization", {}).get("stage", 0)
-    if zero not in (0, 1, 2, 3):
+    zero = _section(cfg, "zero_optimization", src).get("stage", 0)
+    if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
         raise UserError(f"{src}: zero_optimization.stage must be 0-3, got {zero!r}")
     if stages > 1 and zero >= 2:
         raise UserError(
             f"{src}: ZeRO stage {zero} cannot be combined with pipeline parallelism (--pipeline-stages {stages}): "
             f"use --pipeline-stages 1 with ZeRO-{zero}, or ZeRO-1 with pipeline stages"
         )
-    bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
-    fp16 = bool(cfg.get("fp16", {}).get("enabled", False))
+    bf16 = _enabled(cfg, "bf16", src)
+    fp16 = _enabled(cfg, "fp16", src)
     if bf16 and fp16:
         raise UserError(f"{src}: enable at most one of `bf16` and `fp16`")
     if "scheduler" in cfg:
@@ -113,6 +132,8 @@ def resolve_layout(
             f"{src}: remove the `scheduler` section: the schedule comes from --warmup-steps, --lr-decay and "
             f"--min-lr-ratio so that it always agrees with --max-steps/--epochs"
         )
+    if "optimizer" in cfg and training:
+        _section(cfg, "optimizer", src)
     opt = cfg.get("optimizer")
     if training and (not isinstance(opt, dict) or "lr" not in opt.get("params", {})):
         raise UserError(f"{src}: an `optimizer` section with `params.lr` is required (e.g. AdamW)")
@@ -125,6 +146,13 @@ def resolve_layout(
         zero_stage=zero,
         precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
     )
+
+
+def _enabled(cfg: dict, key: str, src: str) -> bool:
+    v = _section(cfg, key, src).get("enabled", False)
+    if not isinstance(v, bool):
+        raise UserError(f"{src}: `{key}.enabled` must be true or false, got {v!r}")
+    return v
 
 
 def engine_config(cfg: dict, layout: Layout) -> dict:

@@ -40,7 +40,9 @@ class TrainConfig:
     keep_last: int = 3
     """Keep the newest K complete checkpoints; older ones are deleted (never the one `latest` names)."""
     resume: str | None = None
-    """Checkpoint tag to resume from. Default: the latest complete checkpoint in --out, if any."""
+    """Checkpoint tag under --out/checkpoints to resume from (e.g. step_00000100). Default: the latest complete one."""
+    allow_data_change: bool = False
+    """Resume even though --data differs from the data the checkpoint was trained on (its order changes too)."""
     seed: int = 1234
     """Seed for weights, data order and dropout."""
     log_every: int = 10

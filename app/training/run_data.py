@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.common.errors import UserError
+from app.common.files import check_inside
 from app.parallel.layout import Layout
 from app.training.batching import BucketSchedule, TokenStore
 from data_prep.format import PreparedDataError, load_prepared
@@ -11,9 +12,12 @@ from data_prep.format import PreparedDataError, load_prepared
 def open_prepared(path: str):
     """`load_prepared(--data)`, its errors naming the flag."""
     try:
-        return load_prepared(path)
+        data = load_prepared(path)
     except PreparedDataError as e:
         raise UserError(f"--data: {e}") from None
+    if data.tokenizer_path is not None:  # meta.json names it: it must not lead out of the data directory
+        check_inside(data.tokenizer_path, data.path, f"--data {data.path}: meta.json's tokenizer model_file")
+    return data
 
 
 class RunData:
@@ -37,6 +41,15 @@ class RunData:
             seed=seed,
             tokens_per_micro_batch=tokens_per_micro_batch,
         )
+        splits = self.prepared.meta.get("splits") or {}
+        val = (splits.get("validation") or {}).get("examples")
+        if val == 0:  # checked from meta.json: opening an empty split fails with an obscure datasets error
+            docs = sum(int((v or {}).get("docs", 0)) for v in splits.values())
+            raise UserError(
+                f"--data {self.path}: the validation split is empty ({docs} documents in all, none drawn for "
+                f"validation); training validates during and after the run: re-run data_prep with more "
+                f"documents or a larger --val-fraction"
+            )
         if len(self.store("train")) == 0:
             raise UserError(f"--data {self.path}: the train split is empty")
 

@@ -39,7 +39,15 @@ class Tracker:
     """Writes every logged dict to `<run>/metrics.jsonl` and, if enabled, to W&B."""
 
     def __init__(
-        self, run_dir: Path, *, project: str, mode: str, name: str, config: dict, resume_id: str | None
+        self,
+        run_dir: Path,
+        *,
+        project: str,
+        mode: str,
+        name: str,
+        config: dict,
+        resume_id: str | None,
+        rewind_to: int | None = None,
     ):
         self.log = get_logger()
         self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
@@ -51,14 +59,16 @@ class Tracker:
         try:
             import wandb
 
-            self.run = self._init(wandb, run_dir, project, mode, name, config, resume_id)
+            self.run = self._init(wandb, run_dir, project, mode, name, config, resume_id, rewind_to)
         except Exception as e:  # a tracking outage must never stop training
             self.log.warning(f"W&B {mode} init failed ({e.__class__.__name__}: {e}); trying offline")
             if mode == "online":
                 try:
                     import wandb
 
-                    self.run = self._init(wandb, run_dir, project, "offline", name, config, resume_id)
+                    self.run = self._init(
+                        wandb, run_dir, project, "offline", name, config, resume_id, rewind_to
+                    )
                     self.mode = "offline"
                 except Exception as e2:
                     self.log.warning(f"W&B disabled for this run ({e2.__class__.__name__}: {e2})")
@@ -66,15 +76,21 @@ class Tracker:
             self.log.info(f"W&B {self.mode} run {self.run.id} in {run_dir / 'wandb'}")
 
     @staticmethod
-    def _init(wandb, run_dir, project, mode, name, config, resume_id):
+    def _init(wandb, run_dir, project, mode, name, config, resume_id, rewind_to):
+        # A resume behind what W&B already holds (an older checkpoint, or steps logged after the last
+        # save) rewinds the W&B run to the checkpoint's step (`resume_from`, recorded offline as the run's
+        # branch point and applied on sync), so the re-run steps replace the old ones as in metrics.jsonl;
+        # with `resume="allow"` W&B would keep the old values and drop the re-run steps as non-monotonic.
+        rewind = resume_id is not None and rewind_to is not None
         return wandb.init(
             project=project,
             name=name,
             dir=str(run_dir),
             mode=mode,
             config=config,
-            id=resume_id,
-            resume="allow" if resume_id else None,
+            id=None if rewind else resume_id,
+            resume="allow" if resume_id and not rewind else None,
+            resume_from=f"{resume_id}?_step={rewind_to}" if rewind else None,
             settings=wandb.Settings(init_timeout=60, console="off", save_code=False, x_disable_stats=True),
         )
 
@@ -110,12 +126,32 @@ class Tracker:
                 self.log.warning(f"W&B finish failed ({e.__class__.__name__})")
 
 
-def truncate_metrics(run_dir: Path, step: int) -> None:
-    """On resume, drop metrics.jsonl records of steps after the checkpoint: the resumed run writes them again."""
+def truncate_metrics(run_dir: Path, step: int) -> int:
+    """On resume, drop metrics.jsonl records of steps after the checkpoint: the resumed run writes them again.
+
+    A line that is not a JSON object (the half-written last line of a killed run) is dropped with a
+    warning. Returns the highest step the file had recorded (0 for none), so W&B can be rewound to match.
+    """
     path = run_dir / "metrics.jsonl"
     if not path.exists():
-        return
-    keep = [
-        ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step
-    ]
+        return 0
+    keep, bad, last = [], [], 0
+    for n, ln in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+            at = int(rec.get("step", 0))
+        except (ValueError, TypeError, AttributeError):
+            bad.append(n)
+            continue
+        last = max(last, at)
+        if at <= step:
+            keep.append(ln)
+    if bad:
+        get_logger().warning(
+            f"{path}: dropped {len(bad)} unreadable line(s) (line {', '.join(map(str, bad[:5]))}; a run killed "
+            f"mid-write leaves a partial last line)"
+        )
     atomic_write(path, "".join(ln + "\n" for ln in keep))
+    return last

@@ -19,12 +19,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
+from app.checkpoints.run_lock import acquire_run_lock
+from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
 from app.common import faults
 from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
+from app.common.redact import redact_secrets
 from app.model.config import flops_per_token
 from app.model.presets import load_model_config
 from app.parallel.engine import Engine
@@ -99,7 +103,7 @@ class Trainer:
         return {
             "train": self.cfg.to_dict(),
             "model": self.model_cfg.to_dict(),
-            "deepspeed": self.ds_json,
+            "deepspeed": redact_secrets(self.ds_json),  # copied to config.json, checkpoints and W&B
             "layout": self.layout.as_dict(),
             "data": self.data.describe(),
             "total_steps": self.total_steps,
@@ -116,11 +120,7 @@ class Trainer:
     def setup(self) -> None:
         """Build the engine (in the stage split a checkpoint fixes), resume, start tracking."""
         cfg = self.cfg
-        tag = ckpt.find_resume_tag(self.root, cfg.resume)
-        saved = ckpt.read_app_state(self.root / tag) if tag is not None else None
-        if saved is not None:
-            schedule = self.data.schedule("train")
-            ckpt.check_resumable(saved, tag, self.layout.as_dict(), schedule.fingerprint(), self.run_dir)
+        tag, saved = self._choose_resume()
         # the same split as the checkpoint, so each stage's optimizer state fits its layers
         recorded_costs = saved["config"].get("layer_costs") if saved is not None else None
         self.engine = self._build_engine(recorded_costs)
@@ -140,8 +140,42 @@ class Trainer:
         self.tracker = self.metrics = None
         if self.rank == 0:
             atomic_write(self.run_dir / "config.json", json.dumps(self.resolved, indent=1, default=str))
-            truncate_metrics(self.run_dir, self.state.step)
-            self._start_tracking()
+            last_logged = truncate_metrics(self.run_dir, self.state.step)
+            self._start_tracking(self.state.step if last_logged > self.state.step else None)
+
+    def _choose_resume(self) -> tuple[str | None, dict | None]:
+        """Lock --out, let rank 0 pick the tag, and check it before any of its weights are read."""
+        identity = self._identity()
+        tag = resume_check.rank0_decides(self._lock_and_pick, self.rank)
+        if tag is None:
+            return None, None
+        verify_tag_files(self.root / tag, self.run_dir)  # every rank: nothing outside, nothing to execute
+        saved = ckpt.read_app_state(self.root / tag)
+        resume_check.check_compatible(saved, identity, tag, self.run_dir, self.cfg.allow_data_change)
+        ckpt.check_resumable(
+            saved,
+            tag,
+            self.layout.as_dict(),
+            self.data.schedule("train").fingerprint(),
+            self.run_dir,
+            self.cfg.allow_data_change,
+        )
+        return tag, saved
+
+    def _lock_and_pick(self) -> str | None:
+        """Rank 0: hold --out's lock for the run's life, then pick the (verified) tag to resume from."""
+        self._lock = acquire_run_lock(self.run_dir)
+        return resume_check.pick_resume_tag(self.root, self.cfg.resume)
+
+    def _identity(self) -> dict:
+        """What a checkpoint records so a resume can tell another model, tokenizer or data set."""
+        prepared = self.data.prepared
+        tok = prepared.tokenizer_path
+        return {
+            "model_config": self.model_cfg.to_dict(),
+            "tokenizer_sha256": resume_check.file_sha256(tok),
+            "data_fingerprint": resume_check.data_fingerprint(prepared.path / "meta.json"),
+        }
 
     def _build_engine(self, recorded_costs: list[float] | None) -> Engine:
         lengths = self.data.store("train").lengths
@@ -172,7 +206,8 @@ class Trainer:
         return int(counted.item()) // self.layout.data_parallel
 
     def _resume(self, tag: str, saved: dict) -> None:
-        self.engine.ds.load_checkpoint(str(self.root), tag=tag)
+        with weights_only_loads():  # DeepSpeed asks torch.load for weights_only=False: refused here
+            self.engine.ds.load_checkpoint(str(self.root), tag=tag)
         ckpt.set_rng_state(ckpt.read_rank_state(self.root / tag, self.rank))
         self.state = TrainState(
             step=saved["step"],
@@ -182,7 +217,7 @@ class Trainer:
         )
         self._info(f"resumed from {self.root / tag} at step {self.state.step}")
 
-    def _start_tracking(self) -> None:
+    def _start_tracking(self, rewind_to: int | None) -> None:
         cfg = self.cfg
         self.tracker = Tracker(
             self.run_dir,
@@ -191,6 +226,7 @@ class Trainer:
             name=cfg.wandb_run_name or self.run_dir.name,
             config=self.resolved,
             resume_id=self.state.wandb_id,
+            rewind_to=rewind_to,
         )
         self.state.wandb_id = self.tracker.run_id
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.layout.precision, torch.float32)
@@ -289,6 +325,8 @@ class Trainer:
         tag = ckpt.tag_for(st.step)
 
         def write() -> None:
+            if self.rank == 0:
+                ckpt.invalidate(self.root, tag)  # a rewritten tag is incomplete until its new manifest
             deepspeed_save(self.engine.ds, self.root, tag)
             ckpt.write_rank_state(self.root / tag, self.rank)
             faults.crash_in_save(st.step)
@@ -305,6 +343,7 @@ class Trainer:
                 "model_config": self.model_cfg.to_dict(),
                 "tokenizer": self.data.tokenizer,
                 "layout": self.layout.as_dict(),
+                **self._identity(),
             }
             ckpt.commit(self.root, tag, app_state, self.world, self.data.prepared.tokenizer_path)
             removed = ckpt.prune(self.root, self.cfg.keep_last)
