@@ -89,7 +89,7 @@ def pp2_dp2_run(prepared_dir, tmp_path_factory):
 def fused_core_built() -> None:
     """Build the fused mLSTM core's C++ extension once, up front (tens of seconds on a fresh machine),
     so that no trainer subprocess pays for it inside its time-out. A failed build is the fallback's
-    business (warned once); tests/test_fused_core.py fails on it."""
+    business (warned once); tests/test_model_fused_core.py fails on it."""
     from app.model.fused_core import fused_ops
 
     fused_ops()

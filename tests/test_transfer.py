@@ -1,6 +1,6 @@
 """app/transfer.py: features through the prefill path, the L1 probe, the figures, the cache, bad input.
 
-A tiny random debug model with the byte tokenizer (tests/test_weights.py) is enough: its states
+A tiny random debug model with the byte tokenizer (tests/test_checkpoints_consolidate.py) is enough: its states
 already separate texts made of different characters, so the pipeline's numbers can be checked fast.
 """
 

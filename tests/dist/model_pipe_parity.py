@@ -5,7 +5,7 @@ Phase B: P=2 stages x dp=2, untied, "cost" partition, two steps with changing se
 Each phase trains with SGD(lr=1) so a parameter's gradient is old - new; every rank compares the
 gradients of its own stage's parameters, and the loss DeepSpeed reports, against the sequential
 model (same seeds -> same weights) run in-process on the whole global batch. Results go to
-<out_dir>/rank<r>.json for tests/test_model_pipeline.py to check.
+<out_dir>/rank<r>.json for tests/test_parallel_pipeline.py to check.
 """
 
 from __future__ import annotations
