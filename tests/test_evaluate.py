@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from launcher import ROOT, deepspeed_cmd, run
-from test_weights import fake_checkpoint, tiny
+from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.evaluate import main as evaluate_main
 from app.training.compressors import compressed_bits_per_byte

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import torch
-from test_weights import fake_checkpoint, tiny
+from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.checkpoints.loader import open_source
 from app.export import load_exported

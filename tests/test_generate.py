@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_weights import fake_checkpoint, tiny
+from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.generate import main as generate_main
 from app.generation.decoder import Decoder

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_checkpoints_consolidate import fake_checkpoint, tiny
 from test_evaluate import evaluate_cli
-from test_weights import fake_checkpoint, tiny
 
 from app.evaluate import main as evaluate_main
 from app.model.config import debug_config

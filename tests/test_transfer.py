@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_weights import fake_checkpoint, tiny
+from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.model.reference import naive_mlstm
 from app.probing.features import batch_features, featurize, length_batches, token_ids
