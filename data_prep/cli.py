@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import shlex
 import sys
 import time
@@ -109,8 +110,8 @@ def _setup_logging(quiet: bool) -> None:
     datasets.logging.set_verbosity_error()
     if quiet:
         datasets.disable_progress_bars()
-    else:
-        datasets.enable_progress_bars()
+    elif not os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS"):  # the user's own setting wins (and
+        datasets.enable_progress_bars()  # enabling over it only makes datasets print a warning)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ The extension is JIT-built on first use (tens of seconds once per machine, cache
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -184,3 +185,17 @@ def test_build_failure_falls_back_with_one_warning(tmp_path):
     assert "auto ok (2, 3, 5)" in p.stdout
     assert "fused error: core='fused' requested but the C++ extension did not build" in p.stdout
     assert p.stderr.count("WARNING fused mLSTM core did not build") == 1, p.stderr[-3000:]
+
+
+def test_kernel_table_round_trips_through_a_checkpoint_without_measuring(monkeypatch):
+    """A resumed run must use the kernels the first run measured (same rounding): the table a checkpoint
+    keeps restores every row bucket of every (K, N, dtype), and nothing is timed again."""
+    monkeypatch.delenv("MLSTM_MATMUL", raising=False)
+    for m in (3, 16, 700):
+        matmul.choose(m, 40, 24, torch.float32)
+    saved = json.loads(json.dumps(matmul.export_choices()))  # as written to rng_rank<r>.json
+    before = {m: matmul.choose(m, 40, 24, torch.float32) for m in (1, 5, 64, 4096)}
+    monkeypatch.setattr(matmul, "_choice", {})
+    monkeypatch.setattr(matmul, "_time_paths", lambda *a, **k: pytest.fail("measured again after restore"))
+    matmul.restore_choices(saved)
+    assert {m: matmul.choose(m, 40, 24, torch.float32) for m in (1, 5, 64, 4096)} == before

@@ -30,6 +30,7 @@ import torch
 
 from app.common.errors import UserError
 from app.common.files import atomic_write, fsync_dir, read_json_object
+from app.model import matmul
 
 log = logging.getLogger("mlstm")
 
@@ -67,6 +68,7 @@ def set_rng_state(state: dict) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    matmul.restore_choices(state.get("matmul", []))  # absent in checkpoints written before the table
 
 
 # ---------------------------------------------------------------- finding checkpoints
@@ -189,7 +191,8 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
 
 
 def write_rank_state(ckpt_dir: Path, rank: int) -> None:
-    _write_json_atomic(ckpt_dir / f"rng_rank{rank}.json", rng_state())
+    """This rank's RNG streams and matmul kernel table: what a bit-exact resume must restore."""
+    _write_json_atomic(ckpt_dir / f"rng_rank{rank}.json", {**rng_state(), "matmul": matmul.export_choices()})
 
 
 def commit(root: Path, tag: str, app_state: dict, world_size: int, tokenizer_path: Path | None) -> None:

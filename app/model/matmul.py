@@ -37,7 +37,7 @@ _ONEDNN_LINEAR = (
 MEASURED_DTYPES = (torch.float32, torch.bfloat16)
 _ROWS_CAP = 1024  # rows timed for a product; above this the kernels' relative speed no longer moves much
 
-_choice: dict[tuple, str] = {}  # (rows bucket, K, N, dtype) -> path name
+_choice: dict[tuple, dict[int, str]] = {}  # (K, N, dtype) -> {rows bucket: path name}
 _bf16_native: list[bool] = []
 
 
@@ -91,30 +91,56 @@ def _operands(m: int, k: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor,
     return x, w
 
 
+def _row_buckets() -> list[int]:
+    return [1 << i for i in range(_ROWS_CAP.bit_length())]  # 1, 2, 4, ..., _ROWS_CAP
+
+
 def choose(m: int, k: int, n: int, dtype: torch.dtype) -> str:
-    """Fastest CPU path name for (m, k) @ (n, k).T in `dtype`, measured once per process and shape."""
+    """Fastest CPU path name for (m, k) @ (n, k).T in `dtype`, measured once per process and (K, N, dtype).
+
+    The first product of a (K, N, dtype) times every row bucket at once, so every later row count is
+    already decided. A run's products all appear in its first step, so by its first checkpoint the table
+    is complete; the checkpoint keeps it (export_choices) and a resumed run restores it (restore_choices)
+    instead of measuring again: the same kernels, so the same rounding, so a bit-exact resume.
+    """
     forced = os.environ.get("MLSTM_MATMUL")
     avail = paths()
     if forced:
         if forced not in avail:
             raise ValueError(f"MLSTM_MATMUL={forced!r}: available paths are {sorted(avail)}")
         return forced
-    key = (_rows_bucket(m), k, n, dtype)
-    name = _choice.get(key)
-    if name is None:
-        if len(avail) == 1:
-            name = next(iter(avail))
-        else:
-            x, w = _operands(key[0], k, n, dtype)
+    table = _choice.get((k, n, dtype))
+    if table is None:
+        table = {}
+        for rows in _row_buckets():
+            if len(avail) == 1:
+                table[rows] = next(iter(avail))
+                continue
+            x, w = _operands(rows, k, n, dtype)
             times = _time_paths(avail, x, w)
-            name = min(times, key=times.get)
-            log.info(
-                "matmul (%d x %d) @ (%d x %d).T %s: %s -> %s",
-                key[0], k, n, k, str(dtype).removeprefix("torch."),
-                ", ".join(f"{p} {t * 1e6:.1f} us" for p, t in times.items()), name,
-            )  # fmt: skip
-        _choice[key] = name
-    return name
+            table[rows] = min(times, key=times.get)
+        log.info(
+            "matmul (rows) @ (%d x %d).T %s: %s",
+            n, k, str(dtype).removeprefix("torch."), ", ".join(f"{r}: {p}" for r, p in table.items()),
+        )  # fmt: skip
+        _choice[(k, n, dtype)] = table
+    return table[_rows_bucket(m)]
+
+
+def export_choices() -> list:
+    """This process's kernel table, JSON-able: [[K, N, dtype, {rows: path}], ...]."""
+    return [
+        [k, n, str(dt).removeprefix("torch."), {str(r): p for r, p in t.items()}]
+        for (k, n, dt), t in _choice.items()
+    ]
+
+
+def restore_choices(saved: list) -> None:
+    """Take a checkpoint's kernel table (paths this build lacks are left to be measured)."""
+    avail = paths()
+    for k, n, dt, table in saved:
+        if all(p in avail for p in table.values()):
+            _choice[(int(k), int(n), getattr(torch, dt))] = {int(r): p for r, p in table.items()}
 
 
 def use_onednn(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
