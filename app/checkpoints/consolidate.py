@@ -19,12 +19,12 @@ would import a function or build an arbitrary object is rejected before any of i
 from __future__ import annotations
 
 import math
-import pickle
 import re
 from pathlib import Path
 
 import torch
 
+from app.checkpoints.safety import load_weights_only
 from app.common.errors import UserError
 from app.model.config import ModelConfig
 
@@ -53,20 +53,13 @@ def safe_load(path: Path, stand_ins: list[tuple[type, str]] = ()) -> object:
 
     `stand_ins` allow-lists specific named globals, each replaced by the given harmless type.
     """
-    try:
-        with torch.serialization.safe_globals(list(stand_ins)):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
-        # weights_only refuses the first global it does not allow, before calling anything.
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")
-        raise UserError(
-            f"{path}: refused to load: it holds more than tensors and plain containers ({why}); "
-            "only weights-only files are read (torch.load weights_only=True)"
-        ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
-        raise UserError(f"{path}: unreadable or corrupt checkpoint file ({first})") from None
+    return load_weights_only(
+        path,
+        list(stand_ins),
+        "it holds more than tensors and plain containers",
+        "only weights-only files are read (torch.load weights_only=True)",
+        mmap=True,
+    )
 
 
 def _as_dict(obj: object, path: Path) -> dict:

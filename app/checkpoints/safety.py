@@ -44,20 +44,27 @@ def _refusal(e: Exception) -> str:
     return why.split(" was not an allowed global")[0]
 
 
-def safe_torch_load(path: Path) -> object:
-    """`torch.load` weights-only with DeepSpeed's allow-list; a refusal is one line naming the file."""
+def load_weights_only(path: Path, allowed: list, holds: str, hint: str, mmap: bool = False) -> object:
+    """`torch.load` weights-only on the CPU with `allowed` globals; a refusal or a damaged file is one line
+    naming the file (`holds`: what the refused file holds, `hint`: what to do)."""
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        why = _refusal(e)
-        raise UserError(
-            f"{path}: refused to load: it needs more than tensors and DeepSpeed's checkpoint types ({why}); "
-            "a checkpoint from elsewhere may be crafted to run code: re-create it or use a new --out"
-        ) from None
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:  # weights_only refuses the first global it does not allow
+        raise UserError(f"{path}: refused to load: {holds} ({_refusal(e)}); {hint}") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         raise UserError(f"{path}: unreadable or corrupt checkpoint file ({first})") from None
+
+
+def safe_torch_load(path: Path) -> object:
+    """`torch.load` weights-only with DeepSpeed's allow-list; a refusal is one line naming the file."""
+    return load_weights_only(
+        path,
+        allowed_globals(),
+        "it needs more than tensors and DeepSpeed's checkpoint types",
+        "a checkpoint from elsewhere may be crafted to run code: re-create it or use a new --out",
+    )
 
 
 def verify_tag_files(tag_dir: Path, run_dir: Path) -> None:
