@@ -1,11 +1,16 @@
-"""Export any checkpoint to a folder that loads with torch alone: no DeepSpeed, no pickle.
+"""Export any checkpoint to a folder that loads with torch alone (no DeepSpeed, no pickle) and with
+`transformers`, with a model card (README.md) written from the run's config, data and evaluation.
 
     python app/export.py --checkpoint runs/quickstart --out exported/
 
-The folder's format: `app.checkpoints.export_format`.
+The folder's format: `app.checkpoints.export_format` (ours) and `app.checkpoints.hf_format` (transformers).
 
     from app.export import load_exported
     model, tokenizer, cfg = load_exported("exported/")   # model: app.model.lm.LanguageModel, eval mode
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer    # pip install -e '.[hf]'
+    model = AutoModelForCausalLM.from_pretrained("exported/", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained("exported/", trust_remote_code=True)
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from app.checkpoints.export_format import WEIGHTS_FILE, read_export_config, write_export
-from app.checkpoints.loader import open_source
+from app.checkpoints.hf_check import check_hf_export
+from app.checkpoints.hf_format import hf_config, hf_files
+from app.checkpoints.loader import Source, open_source
+from app.checkpoints.model_card import model_card
+from app.checkpoints.run_info import read_run_info
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
 from app.model.lm import LanguageModel
@@ -33,6 +42,9 @@ class ExportConfig:
     """A run directory (its latest complete checkpoint), its checkpoints/ folder, or one step_XXXXXXXX folder."""
     out: str = ""
     """Folder to write (created; existing export files in it are replaced)."""
+    check_hf: bool = False
+    """Then load the folder with transformers (AutoModelForCausalLM, AutoTokenizer; the optional extra hf)
+    and compare its logits and token ids with this repository's on random ids and a probe text."""
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -49,20 +61,32 @@ def load_exported(d: str | Path, device: str | torch.device = "cpu") -> tuple[La
     return src.load_model(device), src.tokenizer(), src.model_cfg
 
 
+def source_name(src: Source) -> str:
+    """Where the export came from, without the machine's paths: "<run>/checkpoints/<tag>" or the folder's name."""
+    p = src.path.resolve()
+    return f"{p.parent.parent.name}/{p.parent.name}/{p.name}" if p.parent.name == "checkpoints" else p.name
+
+
 def export(ckpt: str | Path, out: str | Path) -> Path:
-    src = open_source(ckpt)
+    src, out = open_source(ckpt), Path(out)
     sd = src.state_dict()
     tok = src.tokenizer()  # refuse to export a checkpoint whose tokenizer does not load
+    tok_meta = {**tok.meta(), **src.tokenizer_meta}
+    parameters = sum(v.numel() for v in sd.values())
     config = {
         "model_config": src.model_cfg.to_dict(),
-        "tokenizer": {**tok.meta(), **src.tokenizer_meta},
+        "tokenizer": tok_meta,
         "step": src.step,
         "trained_layout": src.trained_layout,
-        "source": str(src.path.resolve()),
-        "parameters": sum(v.numel() for v in sd.values()),
+        "source": source_name(src),
+        "parameters": parameters,
+        **hf_config(src.model_cfg, tok_meta),
     }
-    write_export(Path(out), sd, config, src.tokenizer_path)
-    return Path(out)
+    folder = out.name or "."
+    card = model_card(src.model_cfg, tok_meta, parameters, src.step, src.trained_layout, read_run_info(src), folder)
+    files = {**hf_files(tok_meta), "README.md": card.encode()}
+    write_export(out, sd, config, src.tokenizer_path, files)
+    return out
 
 
 @exit_on_user_error
@@ -75,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         f"exported step {meta['step']} ({meta['parameters']:,} parameters, {size / 2**20:.1f} MiB) to {out}",
         flush=True,
     )
+    if cfg.check_hf:
+        diff = check_hf_export(out, "--check-hf")
+        print(f"transformers loads it: logits within {diff:.1e} of this repository's, same token ids", flush=True)
     return 0
 
 

@@ -3,6 +3,9 @@
 model.safetensors   the full float32 weights, keys "{i}.{name}" (see app.model.lm)
 config.json         {"format": "mlstm-ds-export", "version": 1, model_config, tokenizer, step, ...}
 tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
+
+The same folder also loads with `transformers` (app.checkpoints.hf_format: more keys in config.json, a
+few more files) and carries a model card (README.md); this module reads only the three files above.
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ def read_weights(d: Path, model_cfg: ModelConfig) -> StateDict:
     return sd
 
 
-def write_export(out: Path, sd: StateDict, config: dict, tokenizer_path: Path | None) -> None:
-    """Write (or replace) the export files in `out`. The config goes last, so a folder that passes
-    `is_export_dir` holds completely written weights."""
+def write_export(
+    out: Path, sd: StateDict, config: dict, tokenizer_path: Path | None, files: dict[str, bytes] | None = None
+) -> None:
+    """Write (or replace) the export files in `out`, plus `files` (name -> content). The config goes last,
+    so a folder that passes `is_export_dir` holds completely written weights and files."""
     from safetensors.torch import save
 
     if out.exists() and not out.is_dir():
@@ -70,5 +75,7 @@ def write_export(out: Path, sd: StateDict, config: dict, tokenizer_path: Path | 
         shutil.copyfile(tokenizer_path, out / TOKENIZER_FILE)
     else:
         (out / TOKENIZER_FILE).unlink(missing_ok=True)
+    for name, data in (files or {}).items():
+        atomic_write(out / name, data)
     config = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **config}
     atomic_write(out / CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))

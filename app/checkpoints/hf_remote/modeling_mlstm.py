@@ -1,0 +1,280 @@
+"""Multiplicative LSTM language model (Krause et al. 2016) for `transformers`, exported by mlstm-ds.
+
+Not xLSTM's matrix-memory mLSTM: this is the 2016 cell with a multiplicative intermediate state,
+per layer and time step (x input, h/c state):
+
+    m_t = (W_mx x_t) * (W_mh h_{t-1})
+    [i, f, o, u] = W_x x_t + W_m m_t + b
+    c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(u)
+    h_t = sigmoid(o) * tanh(c_t)
+
+Plain torch: this file runs from transformers' module cache and imports nothing of mlstm-ds. Its
+state-dict keys are mlstm-ds's own ("{i}.{name}": "0" embedding, "1".."L" recurrent layers, "L+1" the
+untied head), so the same model.safetensors loads in both. Weight normalisation (w = g * v / ||v|| per
+row) is computed in each forward, as in training, so logits match and fine-tuning keeps its parametrisation.
+
+Generation carries the recurrent state: the cache is (h, c) per layer, so the prompt is read once and
+each new token costs one recurrent step. Positions whose attention_mask is 0 leave the state as it was,
+so a left-padded batch gives every row what it gets alone.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_mlstm import MultiplicativeLSTMConfig
+
+
+class MultiplicativeLSTMCache:
+    """The recurrent state after the tokens read so far: per layer (h, c), each (B, H)."""
+
+    is_compileable = False
+    is_croppable = False  # a recurrent state cannot forget its last tokens
+
+    def __init__(self, states, seen_tokens=0):
+        self.states = list(states)
+        self.seen_tokens = seen_tokens
+
+    def get_seq_length(self, layer_idx=0):
+        return self.seen_tokens
+
+    def reorder_cache(self, beam_idx):
+        """Beam search: row b takes the state of row beam_idx[b]."""
+        self.states = [(h.index_select(0, beam_idx.to(h.device)), c.index_select(0, beam_idx.to(c.device))) for h, c in self.states]
+
+    def batch_repeat_interleave(self, repeats):
+        self.states = [(h.repeat_interleave(repeats, 0), c.repeat_interleave(repeats, 0)) for h, c in self.states]
+
+    def batch_select_indices(self, indices):
+        self.states = [(h[indices], c[indices]) for h, c in self.states]
+
+
+def _state_dtype(dtype):
+    """Gates and cell state stay at least float32 (bf16/fp16 weights: only the products are 16-bit)."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+class MultiplicativeLSTMLayer(nn.Module):
+    """One recurrent layer: x (B, T, in) from state (h, c) -> (y (B, T, H), state after T steps)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.cell = config.cell
+        in_dim = config.embed_dim if layer_idx == 0 else config.hidden_dim
+        self.hidden_dim = H = config.hidden_dim
+        self.residual = config.residual and in_dim == H
+        self.weight_norm = config.weight_norm and config.cell == "mlstm"
+        self.drop = nn.Dropout(config.dropout)
+        self.forget_bias = config.forget_bias
+        self.init_range = config.init_range or 1.0 / math.sqrt(H)
+        if self.cell == "lstm":
+            self.lstm = nn.LSTM(in_dim, H, batch_first=True)
+            return
+        # rows of weight_in: [W_mx (H); W_x (4H) in gate order i, f, o, u]
+        self.weight_in = nn.Parameter(torch.empty(5 * H, in_dim))
+        self.weight_mh = nn.Parameter(torch.empty(H, H))
+        self.weight_m = nn.Parameter(torch.empty(4 * H, H))
+        self.bias = nn.Parameter(torch.zeros(4 * H))
+        if self.weight_norm:
+            self.gain_in = nn.Parameter(torch.ones(5 * H))
+            self.gain_mh = nn.Parameter(torch.ones(H))
+            self.gain_m = nn.Parameter(torch.ones(4 * H))
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """mlstm-ds's initialisation (uniform +-r, forget-gate bias, gains = row norms)."""
+        r, H = self.init_range, self.hidden_dim
+        if self.cell == "lstm":
+            for p in self.lstm.parameters():
+                p.uniform_(-r, r)
+            self.lstm.bias_ih_l0[H : 2 * H].fill_(self.forget_bias)  # nn.LSTM gate order i, f, g, o
+            self.lstm.bias_hh_l0[H : 2 * H].zero_()
+            return
+        for w in (self.weight_in, self.weight_mh, self.weight_m):
+            w.uniform_(-r, r)
+        self.bias.zero_()
+        self.bias[H : 2 * H].fill_(self.forget_bias)
+        if self.weight_norm:
+            self.gain_in.copy_(self.weight_in.norm(dim=1))
+            self.gain_mh.copy_(self.weight_mh.norm(dim=1))
+            self.gain_m.copy_(self.weight_m.norm(dim=1))
+
+    def weights(self):
+        """Effective (w_in, w_mh, w_m): weight-normalised once per forward, not per step."""
+        if not self.weight_norm:
+            return self.weight_in, self.weight_mh, self.weight_m
+        return tuple(
+            v * (g / v.norm(dim=1)).unsqueeze(1)  # (out, in) whose row norms are g
+            for v, g in ((self.weight_in, self.gain_in), (self.weight_mh, self.gain_mh), (self.weight_m, self.gain_m))
+        )
+
+    def init_state(self, batch, device, dtype):
+        z = torch.zeros(batch, self.hidden_dim, device=device, dtype=_state_dtype(dtype))
+        return z, z.clone()
+
+    def forward(self, x, state, mask=None):
+        """x (B, T, in), state (h, c) each (B, H), mask (B, T) bool or None (all real)."""
+        if self.cell == "lstm":
+            y, state = self._lstm(x, state, mask)
+        else:
+            y, state = self._mlstm(x, state, mask)
+        y = self.drop(y)
+        if self.residual:
+            y = y + x
+        return y, state
+
+    def _mlstm(self, x, state, mask):
+        H, T = self.hidden_dim, x.shape[1]
+        w_in, w_mh, w_m = self.weights()
+        sdt = _state_dtype(x.dtype)
+        proj = F.linear(x, w_in).to(sdt)  # (B, T, 5H): the input side of every step in one product
+        pm, pg = proj[..., :H], proj[..., H:] + self.bias.to(sdt)  # (B, T, H) W_mx x, (B, T, 4H) W_x x + b
+        h, c = state
+        ys = []
+        for t in range(T):
+            m = pm[:, t] * F.linear(h.to(w_mh.dtype), w_mh).to(sdt)  # (B, H) m_t
+            g = pg[:, t] + F.linear(m.to(w_m.dtype), w_m).to(sdt)  # (B, 4H) pre-activations
+            i, f, o, u = g.chunk(4, dim=1)
+            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)  # (B, H)
+            h_new = torch.sigmoid(o) * torch.tanh(c_new)  # (B, H)
+            if mask is not None:  # a pad position leaves the state as it was
+                keep = mask[:, t, None]  # (B, 1)
+                h_new, c_new = torch.where(keep, h_new, h), torch.where(keep, c_new, c)
+            h, c = h_new, c_new
+            ys.append(h)
+        y = torch.stack(ys, dim=1) if ys else x.new_zeros(x.shape[0], 0, H)  # (B, T, H)
+        return y.to(x.dtype), (h, c)
+
+    def _lstm(self, x, state, mask):
+        h, c = (s.to(x.dtype).unsqueeze(0) for s in state)  # (1, B, H)
+        if mask is None or bool(mask.all()):
+            y, (h, c) = self.lstm(x, (h, c))  # (B, T, H)
+            return y, (h[0], c[0])
+        ys = []
+        for t in range(x.shape[1]):  # padded rows: step by step so pads leave the state alone
+            y_t, (h_new, c_new) = self.lstm(x[:, t : t + 1], (h, c))  # (B, 1, H)
+            keep = mask[None, :, t, None]  # (1, B, 1)
+            h, c = torch.where(keep, h_new, h), torch.where(keep, c_new, c)
+            ys.append(h[0])
+        return torch.stack(ys, dim=1), (h[0], c[0])
+
+
+class MultiplicativeLSTMPreTrainedModel(PreTrainedModel):
+    config_class = MultiplicativeLSTMConfig
+    base_model_prefix = "mlstm"  # no such child: the keys are "{i}.{name}" at the top level
+    main_input_name = "input_ids"
+    _no_split_modules = ["MultiplicativeLSTMLayer"]
+    supports_gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.embed_init_std
+        if isinstance(module, MultiplicativeLSTMLayer):
+            module.reset_parameters()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, std)
+        elif isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+
+
+class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, GenerationMixin):
+    """forward(input_ids (B, T)) -> logits (B, T, V); generate() carries the recurrent state."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        L = config.num_layers
+        self.add_module("0", nn.Embedding(config.vocab_size, config.embed_dim))
+        for i in range(L):
+            self.add_module(str(i + 1), MultiplicativeLSTMLayer(config, i))
+        if not config.tie_embeddings:
+            self.add_module(str(L + 1), nn.Linear(config.hidden_dim, config.vocab_size))
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        return False  # the cache is the recurrent state, built by forward (MultiplicativeLSTMCache)
+
+    @property
+    def layers(self):
+        return [getattr(self, str(i + 1)) for i in range(self.config.num_layers)]
+
+    def get_input_embeddings(self):
+        return getattr(self, "0")
+
+    def set_input_embeddings(self, value):
+        self.add_module("0", value)
+
+    def get_output_embeddings(self):
+        return None if self.config.tie_embeddings else getattr(self, str(self.config.num_layers + 1))
+
+    def head(self, h):
+        """(..., H) -> (..., V) logits."""
+        if self.config.tie_embeddings:
+            return F.linear(h, self.get_input_embeddings().weight)
+        return self.get_output_embeddings()(h)
+
+    def _start_cache(self, past_key_values, batch, x):
+        """Our cache, or a fresh zero state (also in place of an empty generic cache from transformers)."""
+        if isinstance(past_key_values, MultiplicativeLSTMCache):
+            return past_key_values
+        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+            raise ValueError("past_key_values must be a MultiplicativeLSTMCache (the recurrent state) returned by this model")
+        return MultiplicativeLSTMCache([layer.init_state(batch, x.device, x.dtype) for layer in self.layers])
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        """Reads the tokens from `past_key_values`' state (zero when None) and returns the state after them.
+
+        attention_mask (B, past + T): 0 marks padding (left padding in batched generation).
+        logits_to_keep: k > 0 computes the head on the last k positions only (generation keeps 1).
+        """
+        x = inputs_embeds if inputs_embeds is not None else self.get_input_embeddings()(input_ids)  # (B, T, E)
+        B, T = x.shape[:2]
+        cache = self._start_cache(past_key_values, B, x)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, -T:].to(device=x.device, dtype=torch.bool)  # (B, T) this call's tokens
+            mask = None if bool(mask.all()) else mask
+        hidden = [x] if output_hidden_states else None
+        states = []
+        for layer, state in zip(self.layers, cache.states):
+            x, state = layer(x, state, mask)  # (B, T, H)
+            states.append(state)
+            if hidden is not None:
+                hidden.append(x)
+        if use_cache is None:
+            use_cache = self.config.use_cache
+        if use_cache:
+            cache.states, cache.seen_tokens = states, cache.seen_tokens + T
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        logits = self.head(x).float()  # (B, T or k, V)
+        loss = None
+        if labels is not None:  # next-token loss: position t predicts labels[t + 1]; -100 is ignored
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100
+            )
+        out = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache if use_cache else None,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+        )
+        return out if return_dict is not False else out.to_tuple()

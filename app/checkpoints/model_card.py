@@ -1,0 +1,188 @@
+"""The model card (README.md) of an export, written from what the run recorded: model config, training
+settings and layout, data summary, evaluation table. Names only, never paths (the card travels).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from app.checkpoints.run_info import RunInfo
+from app.model.config import ModelConfig
+
+FRONT_MATTER = """---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- multiplicative-lstm
+- mlstm
+- rnn
+- mlstm-ds
+---
+"""
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def _model_section(cfg: ModelConfig, tok: dict, parameters: int) -> str:
+    cell = "multiplicative LSTM (mLSTM)" if cfg.cell == "mlstm" else "LSTM (baseline)"
+    yes = {True: "yes", False: "no"}
+    rows = [
+        ["cell", cell],
+        ["recurrent layers", str(cfg.num_layers)],
+        ["embedding width", str(cfg.embed_dim)],
+        ["hidden width (h, c)", str(cfg.hidden_dim)],
+        ["vocabulary", f"{cfg.vocab_size} ({tok.get('type')} tokenizer)"],
+        ["weight normalisation", yes[cfg.weight_norm]],
+        ["tied embeddings", yes[cfg.tie_embeddings]],
+        ["residual connections", yes[cfg.residual]],
+        ["dropout", str(cfg.dropout)],
+        ["parameters", f"{parameters:,}"],
+    ]
+    return "## Model\n\n" + _table(["", ""], rows)
+
+
+def _training_section(config: dict | None, step: int | None, layout: dict | None) -> str:
+    if not config:
+        return "## Training\n\nThe training run's settings were not recorded with this checkpoint."
+    train, ds = config.get("train", {}), config.get("deepspeed", {})
+    lay = layout or config.get("layout") or {}
+    opt = ds.get("optimizer", {})
+    params = opt.get("params", {})
+    total = config.get("total_steps")
+    lines = [f"- steps: {step}" + (f" of {total}" if total else "") + f", seed {train.get('seed')}"]
+    if lay:
+        lines.append(
+            f"- layout: {lay.get('world_size')} processes = {lay.get('stages')} pipeline stages x "
+            f"{lay.get('data_parallel')} data-parallel replicas, ZeRO-{lay.get('zero_stage')}, {lay.get('precision')}"
+        )
+        per_step = lay.get("micro_batch", 0) * lay.get("grad_accum", 0) * lay.get("data_parallel", 0)
+        lines.append(
+            f"- batch: {lay.get('micro_batch')} sequences x {lay.get('grad_accum')} accumulation steps x "
+            f"{lay.get('data_parallel')} replicas = {per_step} sequences per step"
+        )
+    if opt:
+        lines.append(
+            f"- optimizer: {opt.get('type')}, learning rate {params.get('lr')}, weight decay "
+            f"{params.get('weight_decay', 0)}, gradient clipping {ds.get('gradient_clipping', 'none')}"
+        )
+    lines.append(
+        f"- schedule: {train.get('warmup_steps')} warm-up steps, then {train.get('lr_decay')} decay to "
+        f"{train.get('min_lr_ratio')} x the learning rate"
+    )
+    return "## Training\n\nTrained with mlstm-ds (DeepSpeed pipeline stages x ZeRO data parallelism).\n\n" + "\n".join(lines)
+
+
+def _source_line(meta: dict | None) -> str:
+    src = (meta or {}).get("source") or {}
+    kind = src.get("kind")
+    if kind == "default":
+        return (
+            f"the embedded default corpus: CPython {src.get('python')}'s pydoc_data help topics "
+            f"({src.get('topics')}) and standard-library sources ({src.get('files')} files)"
+        )
+    if kind == "hub":
+        extra = ", ".join(str(x) for x in (src.get("config"), src.get("split")) if x)
+        return f"the Hugging Face hub dataset `{src.get('name')}`" + (f" ({extra})" if extra else "")
+    if kind == "files":
+        return f"{src.get('files')} local files"
+    return "not recorded"
+
+
+def _data_section(config: dict | None, meta: dict | None) -> str:
+    data = (config or {}).get("data") or {}
+    splits = (meta or {}).get("splits") or data.get("splits")
+    if not splits:
+        return "## Data\n\nThe data summary was not recorded with this checkpoint."
+    name = PurePath(str(data.get("path") or (config or {}).get("train", {}).get("data") or "?")).name
+    lines = [f"Prepared data set `{name}`; text from {_source_line(meta)}."]
+    if meta:
+        docs = meta.get("documents", {})
+        lines.append(
+            f"{docs.get('kept')} documents kept of {docs.get('records')} read; examples up to "
+            f"{meta.get('max_seq_len')} tokens; {meta.get('bytes_per_token', 0):.3f} bytes per token (train)."
+        )
+    rows = [[k, f"{s['docs']:,}", f"{s['examples']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}"] for k, s in splits.items()]
+    return "## Data\n\n" + " ".join(lines) + "\n\n" + _table(["split", "documents", "examples", "tokens", "bytes"], rows)
+
+
+def _num(v, fmt: str) -> str:
+    return format(v, fmt) if isinstance(v, int | float) else "-"
+
+
+def _eval_section(info: RunInfo) -> str:
+    rows = []
+    for split in ("val", "test"):
+        m = info.final_metrics or {}
+        if f"{split}/loss" in m:
+            name = {"val": "validation", "test": "test"}[split]
+            rows.append(
+                [f"{name} split (end of training)", _num(m.get(f"{split}/tokens"), ","),
+                 _num(m[f"{split}/loss"], ".4f"), _num(m.get(f"{split}/ppl"), ".2f"), _num(m.get(f"{split}/bpb"), ".4f")]
+            )  # fmt: skip
+    ev = info.evaluation or {}
+    if (split := ev.get("split")) and f"{split}/loss" in ev:
+        rows.append(
+            [f"{split} split (app/evaluate.py)", _num(ev.get(f"{split}/tokens"), ","), _num(ev[f"{split}/loss"], ".4f"),
+             _num(ev.get(f"{split}/ppl"), ".2f"), _num(ev.get(f"{split}/bpb"), ".4f")]
+        )  # fmt: skip
+    for t in ev.get("texts") or []:
+        name = PurePath(str(t.get("file", "?"))).name
+        rows.append([f"`{name}`", _num(t.get("tokens"), ","), _num(t.get("loss"), ".4f"), _num(t.get("ppl"), ".2f"),
+                     _num(t.get("bits/byte"), ".4f")])  # fmt: skip
+    if not rows:
+        return "## Evaluation\n\nNo evaluation was recorded for this checkpoint (run `app/evaluate.py` on it)."
+    head = ["", "tokens", "loss (nats/token)", "perplexity", "bits/byte"]
+    return "## Evaluation\n\nExact over every real token of each split or file.\n\n" + _table(head, rows)
+
+
+def _usage_section(folder: str) -> str:
+    return f"""## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{folder}", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("{folder}", trust_remote_code=True)
+inputs = tokenizer("The ", return_tensors="pt")  # bos + the prompt
+out = model.generate(**inputs, max_new_tokens=100, do_sample=True, top_p=0.9)
+print(tokenizer.decode(out[0], skip_special_tokens=True))
+```
+
+`generate` carries the recurrent state (h, c of every layer) as its cache: the prompt is read once and
+each new token costs one recurrent step. With mlstm-ds itself (no transformers needed):
+
+```bash
+python app/generate.py --checkpoint {folder} --prompt "The " --max-new-tokens 100 --top-p 0.9
+python app/evaluate.py --checkpoint {folder} --text some_file.txt
+```
+"""
+
+
+def model_card(
+    model_cfg: ModelConfig,
+    tok_meta: dict,
+    parameters: int,
+    step: int | None,
+    layout: dict | None,
+    info: RunInfo,
+    folder: str,
+) -> str:
+    title = info.run_name or folder
+    intro = (
+        f"# {title}\n\nA recurrent language model: a **multiplicative LSTM** "
+        "(Krause et al. 2016, [Multiplicative LSTM for sequence modelling](https://arxiv.org/abs/1609.07959)), "
+        "the architecture of OpenAI's byte-level review model and NVIDIA's sentiment-discovery. It is *not* "
+        "xLSTM's matrix-memory mLSTM (Beck et al. 2024)."
+    )
+    parts = [
+        FRONT_MATTER + intro,
+        _model_section(model_cfg, tok_meta, parameters),
+        _training_section(info.config, step, layout),
+        _data_section(info.config, info.data_meta),
+        _eval_section(info),
+        _usage_section(folder),
+    ]
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
