@@ -27,7 +27,7 @@ import torch
 
 from app.checkpoints.export_format import WEIGHTS_FILE, read_export_config, write_export
 from app.checkpoints.hf_check import check_hf_export
-from app.checkpoints.hf_format import hf_config, hf_files
+from app.checkpoints.hf_format import hf_config, hf_files, import_transformers
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.model_card import model_card
 from app.checkpoints.run_info import read_run_info
@@ -83,7 +83,9 @@ def export(ckpt: str | Path, out: str | Path) -> Path:
         **hf_config(src.model_cfg, tok_meta),
     }
     folder = out.name or "."
-    card = model_card(src.model_cfg, tok_meta, parameters, src.step, src.trained_layout, read_run_info(src), folder)
+    card = model_card(
+        src.model_cfg, tok_meta, parameters, src.step, src.trained_layout, read_run_info(src), folder
+    )
     files = {**hf_files(tok_meta), "README.md": card.encode()}
     write_export(out, sd, config, src.tokenizer_path, files)
     return out
@@ -92,6 +94,8 @@ def export(ckpt: str | Path, out: str | Path) -> Path:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ExportConfig, argv, __doc__)
+    if cfg.check_hf:
+        import_transformers("--check-hf")  # a missing extra fails before any work
     out = export(cfg.checkpoint, cfg.out)
     meta = read_export_config(out)
     size = (out / WEIGHTS_FILE).stat().st_size
@@ -101,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if cfg.check_hf:
         diff = check_hf_export(out, "--check-hf")
-        print(f"transformers loads it: logits within {diff:.1e} of this repository's, same token ids", flush=True)
+        print(
+            f"transformers loads it: logits within {diff:.1e} of this repository's, same token ids",
+            flush=True,
+        )
     return 0
 
 

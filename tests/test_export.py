@@ -15,15 +15,22 @@ from app.export import main as export_main
 from app.model.lm import InferenceModel
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+# beside the torch-only files: what transformers loads (tests/test_export_hf.py) and the model card
+HF_FILES = {
+    "README.md", "configuration_mlstm.py", "modeling_mlstm.py", "tokenization_mlstm.py",
+    "tokenizer_config.json", "generation_config.json",
+}  # fmt: skip
 
 
 def exported_equals_checkpoint(ckpt_path, out_dir) -> None:
     """The exported model's logits equal those of the checkpoint's own converted weights."""
     assert export_main(["--checkpoint", str(ckpt_path), "--out", str(out_dir)]) == 0
-    assert sorted(p.name for p in out_dir.iterdir()) in (
-        ["config.json", "model.safetensors"],
-        ["config.json", "model.safetensors", "tokenizer.model"],
+    names = {p.name for p in out_dir.iterdir()}
+    assert names - HF_FILES in (
+        {"config.json", "model.safetensors"},
+        {"config.json", "model.safetensors", "tokenizer.model"},
     )
+    assert names >= HF_FILES
     src = open_source(ckpt_path)
     ref = InferenceModel(src.model_cfg)
     ref.load_state_dict(src.state_dict())

@@ -72,7 +72,9 @@ def import_transformers(flag: str):
     try:
         import transformers
     except ImportError:
-        raise UserError(f"{flag} needs the transformers package (the optional extra hf): {INSTALL_HINT}") from None
+        raise UserError(
+            f"{flag} needs the transformers package (the optional extra hf): {INSTALL_HINT}"
+        ) from None
     return transformers
 
 

@@ -72,7 +72,10 @@ def _training_section(config: dict | None, step: int | None, layout: dict | None
         f"- schedule: {train.get('warmup_steps')} warm-up steps, then {train.get('lr_decay')} decay to "
         f"{train.get('min_lr_ratio')} x the learning rate"
     )
-    return "## Training\n\nTrained with mlstm-ds (DeepSpeed pipeline stages x ZeRO data parallelism).\n\n" + "\n".join(lines)
+    return (
+        "## Training\n\nTrained with mlstm-ds (DeepSpeed pipeline stages x ZeRO data parallelism).\n\n"
+        + "\n".join(lines)
+    )
 
 
 def _source_line(meta: dict | None) -> str:
@@ -104,8 +107,16 @@ def _data_section(config: dict | None, meta: dict | None) -> str:
             f"{docs.get('kept')} documents kept of {docs.get('records')} read; examples up to "
             f"{meta.get('max_seq_len')} tokens; {meta.get('bytes_per_token', 0):.3f} bytes per token (train)."
         )
-    rows = [[k, f"{s['docs']:,}", f"{s['examples']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}"] for k, s in splits.items()]
-    return "## Data\n\n" + " ".join(lines) + "\n\n" + _table(["split", "documents", "examples", "tokens", "bytes"], rows)
+    rows = [
+        [k, f"{s['docs']:,}", f"{s['examples']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}"]
+        for k, s in splits.items()
+    ]
+    return (
+        "## Data\n\n"
+        + " ".join(lines)
+        + "\n\n"
+        + _table(["split", "documents", "examples", "tokens", "bytes"], rows)
+    )
 
 
 def _num(v, fmt: str) -> str:
@@ -133,7 +144,9 @@ def _eval_section(info: RunInfo) -> str:
         rows.append([f"`{name}`", _num(t.get("tokens"), ","), _num(t.get("loss"), ".4f"), _num(t.get("ppl"), ".2f"),
                      _num(t.get("bits/byte"), ".4f")])  # fmt: skip
     if not rows:
-        return "## Evaluation\n\nNo evaluation was recorded for this checkpoint (run `app/evaluate.py` on it)."
+        return (
+            "## Evaluation\n\nNo evaluation was recorded for this checkpoint (run `app/evaluate.py` on it)."
+        )
     head = ["", "tokens", "loss (nats/token)", "perplexity", "bits/byte"]
     return "## Evaluation\n\nExact over every real token of each split or file.\n\n" + _table(head, rows)
 
@@ -172,10 +185,11 @@ def model_card(
 ) -> str:
     title = info.run_name or folder
     intro = (
-        f"# {title}\n\nA recurrent language model: a **multiplicative LSTM** "
-        "(Krause et al. 2016, [Multiplicative LSTM for sequence modelling](https://arxiv.org/abs/1609.07959)), "
-        "the architecture of OpenAI's byte-level review model and NVIDIA's sentiment-discovery. It is *not* "
-        "xLSTM's matrix-memory mLSTM (Beck et al. 2024)."
+        f"# {title}\n\nA recurrent language model: a **multiplicative LSTM (Krause et al. 2016)**, "
+        "[Multiplicative LSTM for sequence modelling](https://arxiv.org/abs/1609.07959), the architecture of "
+        "OpenAI's byte-level review model and NVIDIA's sentiment-discovery. It is *not* xLSTM's matrix-memory "
+        "mLSTM (Beck et al. 2024): its state is a vector pair (h, c) per layer, updated through a "
+        "multiplicative intermediate state m_t = (W_mx x_t) * (W_mh h_{t-1})."
     )
     parts = [
         FRONT_MATTER + intro,

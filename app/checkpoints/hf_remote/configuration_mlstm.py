@@ -4,12 +4,14 @@ The fields are mlstm-ds's own `ModelConfig` fields, under the same names; `hidde
 `num_hidden_layers` are the usual `transformers` aliases of `hidden_dim` and `num_layers`.
 """
 
+from typing import ClassVar
+
 from transformers import PretrainedConfig
 
 
 class MultiplicativeLSTMConfig(PretrainedConfig):
     model_type = "multiplicative_lstm"
-    attribute_map = {"hidden_size": "hidden_dim", "num_hidden_layers": "num_layers"}
+    attribute_map: ClassVar[dict] = {"hidden_size": "hidden_dim", "num_hidden_layers": "num_layers"}
 
     def __init__(
         self,

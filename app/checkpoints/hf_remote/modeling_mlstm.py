@@ -19,6 +19,7 @@ so a left-padded batch gives every row what it gets alone.
 """
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,10 +45,15 @@ class MultiplicativeLSTMCache:
 
     def reorder_cache(self, beam_idx):
         """Beam search: row b takes the state of row beam_idx[b]."""
-        self.states = [(h.index_select(0, beam_idx.to(h.device)), c.index_select(0, beam_idx.to(c.device))) for h, c in self.states]
+        self.states = [
+            (h.index_select(0, beam_idx.to(h.device)), c.index_select(0, beam_idx.to(c.device)))
+            for h, c in self.states
+        ]
 
     def batch_repeat_interleave(self, repeats):
-        self.states = [(h.repeat_interleave(repeats, 0), c.repeat_interleave(repeats, 0)) for h, c in self.states]
+        self.states = [
+            (h.repeat_interleave(repeats, 0), c.repeat_interleave(repeats, 0)) for h, c in self.states
+        ]
 
     def batch_select_indices(self, indices):
         self.states = [(h[indices], c[indices]) for h, c in self.states]
@@ -109,7 +115,11 @@ class MultiplicativeLSTMLayer(nn.Module):
             return self.weight_in, self.weight_mh, self.weight_m
         return tuple(
             v * (g / v.norm(dim=1)).unsqueeze(1)  # (out, in) whose row norms are g
-            for v, g in ((self.weight_in, self.gain_in), (self.weight_mh, self.gain_mh), (self.weight_m, self.gain_m))
+            for v, g in (
+                (self.weight_in, self.gain_in),
+                (self.weight_mh, self.gain_mh),
+                (self.weight_m, self.gain_m),
+            )
         )
 
     def init_state(self, batch, device, dtype):
@@ -156,7 +166,7 @@ class MultiplicativeLSTMLayer(nn.Module):
             return y, (h[0], c[0])
         ys = []
         for t in range(x.shape[1]):  # padded rows: step by step so pads leave the state alone
-            y_t, (h_new, c_new) = self.lstm(x[:, t : t + 1], (h, c))  # (B, 1, H)
+            _, (h_new, c_new) = self.lstm(x[:, t : t + 1], (h, c))  # (B, 1, H)
             keep = mask[None, :, t, None]  # (1, B, 1)
             h, c = torch.where(keep, h_new, h), torch.where(keep, c_new, c)
             ys.append(h[0])
@@ -167,7 +177,7 @@ class MultiplicativeLSTMPreTrainedModel(PreTrainedModel):
     config_class = MultiplicativeLSTMConfig
     base_model_prefix = "mlstm"  # no such child: the keys are "{i}.{name}" at the top level
     main_input_name = "input_ids"
-    _no_split_modules = ["MultiplicativeLSTMLayer"]
+    _no_split_modules: ClassVar[list] = ["MultiplicativeLSTMLayer"]
     supports_gradient_checkpointing = False
 
     @torch.no_grad()
@@ -224,7 +234,9 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
         if isinstance(past_key_values, MultiplicativeLSTMCache):
             return past_key_values
         if past_key_values is not None and past_key_values.get_seq_length() > 0:
-            raise ValueError("past_key_values must be a MultiplicativeLSTMCache (the recurrent state) returned by this model")
+            raise ValueError(
+                "past_key_values must be a MultiplicativeLSTMCache (the recurrent state) returned by this model"
+            )
         return MultiplicativeLSTMCache([layer.init_state(batch, x.device, x.dtype) for layer in self.layers])
 
     def forward(
@@ -245,7 +257,9 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
         attention_mask (B, past + T): 0 marks padding (left padding in batched generation).
         logits_to_keep: k > 0 computes the head on the last k positions only (generation keeps 1).
         """
-        x = inputs_embeds if inputs_embeds is not None else self.get_input_embeddings()(input_ids)  # (B, T, E)
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+        x = inputs_embeds  # (B, T, E)
         B, T = x.shape[:2]
         cache = self._start_cache(past_key_values, B, x)
         mask = None
@@ -265,11 +279,14 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
             cache.states, cache.seen_tokens = states, cache.seen_tokens + T
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        logits = self.head(x).float()  # (B, T or k, V)
+        logits = self.head(x)  # (B, T or k, V)
+        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
         loss = None
         if labels is not None:  # next-token loss: position t predicts labels[t + 1]; -100 is ignored
             loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100
+                logits[:, :-1].reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1).to(logits.device),
+                ignore_index=-100,
             )
         out = CausalLMOutputWithPast(
             loss=loss,

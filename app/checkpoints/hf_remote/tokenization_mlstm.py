@@ -8,12 +8,14 @@ the bos token in front, as mlstm-ds does before every document and prompt. Paddi
 batched generation needs.
 """
 
+from typing import ClassVar
+
 from transformers import PreTrainedTokenizer
 
 
 class MultiplicativeLSTMTokenizer(PreTrainedTokenizer):
-    vocab_files_names = {"vocab_file": "tokenizer.model"}
-    model_input_names = ["input_ids", "attention_mask"]
+    vocab_files_names: ClassVar[dict] = {"vocab_file": "tokenizer.model"}
+    model_input_names: ClassVar[list] = ["input_ids", "attention_mask"]
 
     def __init__(self, vocab_file=None, tokenizer_type="sentencepiece", byte_offset=3, **kwargs):
         self.vocab_file = vocab_file
@@ -25,7 +27,12 @@ class MultiplicativeLSTMTokenizer(PreTrainedTokenizer):
             if vocab_file is None:
                 raise ValueError("a sentencepiece tokenizer needs its tokenizer.model file")
             self.sp = spm.SentencePieceProcessor(model_file=vocab_file)
-            ids = {"pad": self.sp.pad_id(), "unk": self.sp.unk_id(), "bos": self.sp.bos_id(), "eos": self.sp.eos_id()}
+            ids = {
+                "pad": self.sp.pad_id(),
+                "unk": self.sp.unk_id(),
+                "bos": self.sp.bos_id(),
+                "eos": self.sp.eos_id(),
+            }
             self._pieces = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
         elif tokenizer_type == "byte":
             self.sp = None
