@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from app.checkpoints.loader import open_source
 from app.export import main as export_main
 from data_prep.tokenizer import ByteTokenizer, load_tokenizer_from_dir
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 HF = dict(trust_remote_code=True, local_files_only=True)  # a local folder: nothing is downloaded
 TEXT = "  def f(x):\n\treturn x  # caf\u00e9 \u4e2d\u6587 \U0001d518 <s> </s> <pad>\r\n\n"
 
@@ -42,7 +43,14 @@ def transformers():
     return tf
 
 
-def export(ckpt, out, *extra) -> object:
+def fresh_ids(vocab: int, shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """Random ids from a seed drawn afresh each run (reported on failure): not the global RNG, which
+    the fixtures seed."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed)), seed
+
+
+def export(ckpt, out, *extra) -> Path:
     assert export_main(["--checkpoint", str(ckpt), "--out", str(out), *extra]) == 0
     return out
 
@@ -83,8 +91,7 @@ def test_logits_equal_ours_fp32_and_fp64(transformers, spm_export, byte_exports,
     src = open_source(d)
     ours = src.load_model()
     theirs, _ = load(transformers, d)
-    seed = int(torch.randint(0, 2**31, ()))
-    ids = torch.randint(0, src.model_cfg.vocab_size, (3, 29), generator=torch.Generator().manual_seed(seed))
+    ids, seed = fresh_ids(src.model_cfg.vocab_size, (3, 29))
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, ours(ids), rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
         ours64, theirs64 = ours.double(), theirs.double()
@@ -131,16 +138,18 @@ def test_generate_greedy_equals_app_generate(transformers, spm_export, byte_expo
 
 def test_cache_is_the_recurrent_state_one_step_per_token(transformers, byte_exports):
     model, tok = load(transformers, byte_exports["mlstm"])
-    ids = torch.randint(3, 259, (2, 20))
+    ids, seed = fresh_ids(259, (2, 20))
     with torch.no_grad():
         full = model(ids).logits  # (B, T, V), every position from a zero state
         out = model(ids[:, :7], use_cache=True)
         cache = out.past_key_values
         assert cache.get_seq_length() == 7 and len(cache.states) == 2
-        torch.testing.assert_close(out.logits, full[:, :7], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.logits, full[:, :7], rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
         for t in range(7, 20):  # one token per call, the state carried
             step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-            torch.testing.assert_close(step.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                step.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5, msg=f"seed {seed}"
+            )
         assert cache.get_seq_length() == 20
     calls = []
     hook = model.register_forward_pre_hook(
@@ -153,7 +162,7 @@ def test_cache_is_the_recurrent_state_one_step_per_token(transformers, byte_expo
 
 
 def test_tokenizers_give_our_ids(transformers, spm_export, byte_exports, prepared_dir):
-    sample = (prepared_dir / "meta.json").read_text()[:2000] + TEXT  # real text plus the hard cases
+    sample = Path(json.__file__).read_text()[:3000] + TEXT  # text we did not write, plus the hard cases
     pairs = ((spm_export, load_tokenizer_from_dir(prepared_dir)), (byte_exports["mlstm"], ByteTokenizer()))
     for d, ours in pairs:
         tok = transformers.AutoTokenizer.from_pretrained(str(d), **HF)

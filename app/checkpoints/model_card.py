@@ -54,14 +54,15 @@ def _training_section(config: dict | None, step: int | None, layout: dict | None
     total = config.get("total_steps")
     lines = [f"- steps: {step}" + (f" of {total}" if total else "") + f", seed {train.get('seed')}"]
     if lay:
+        dp = lay.get("data_parallel", 0)
         lines.append(
-            f"- layout: {lay.get('world_size')} processes = {lay.get('stages')} pipeline stages x "
-            f"{lay.get('data_parallel')} data-parallel replicas, ZeRO-{lay.get('zero_stage')}, {lay.get('precision')}"
+            f"- layout: {lay.get('world_size')} processes = {lay.get('stages')} pipeline stages x {dp} "
+            f"data-parallel (ZeRO-{lay.get('zero_stage')}), {lay.get('precision')}"
         )
-        per_step = lay.get("micro_batch", 0) * lay.get("grad_accum", 0) * lay.get("data_parallel", 0)
+        per_step = lay.get("micro_batch", 0) * lay.get("grad_accum", 0) * dp
         lines.append(
-            f"- batch: {lay.get('micro_batch')} sequences x {lay.get('grad_accum')} accumulation steps x "
-            f"{lay.get('data_parallel')} replicas = {per_step} sequences per step"
+            f"- batch: {per_step} sequences per step ({lay.get('micro_batch')} per micro-batch x "
+            f"{lay.get('grad_accum')} accumulated x {dp} data-parallel)"
         )
     if opt:
         lines.append(

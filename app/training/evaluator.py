@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
+from app.checkpoints.run_info import eval_result_path
 from app.common.errors import UserError
 from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
@@ -78,10 +79,7 @@ def text_store(tokenizer, text: str, chunk: int):
 
 
 def default_out(src) -> Path:
-    if src.kind == "export":
-        return src.path / "eval.json"
-    run = src.path.parent.parent if src.path.parent.name == "checkpoints" else src.path.parent
-    return run / "eval" / f"{src.path.name}.json"
+    return eval_result_path(src)  # where the model card of an export looks for it, too
 
 
 def fmt_table(rows: list[dict]) -> str:
