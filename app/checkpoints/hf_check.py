@@ -20,6 +20,7 @@ PROBE = "The  quick\tbrown\r\n  fox: caf\u00e9 \u4e2d\u6587 <s> </s>\n"
 def check_hf_export(out: Path, flag: str) -> float:
     """Max |logit difference| on random ids (float32); refuses (one line) a mismatch of logits or token ids."""
     transformers = import_transformers(flag)
+    transformers.utils.logging.disable_progress_bar()  # one result line, not a loading bar
     src = open_source(out)
     ours, tok = src.load_model(), src.tokenizer()
     kw = dict(trust_remote_code=True, local_files_only=True)

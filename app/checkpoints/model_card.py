@@ -124,32 +124,33 @@ def _num(v, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, int | float) else "-"
 
 
+def _row(name: str, d: dict, prefix: str, bpb: str) -> list[str]:
+    """One evaluation row: tokens, loss, perplexity, bits/byte, then what gzip/xz reach on the same bytes."""
+    cells = [_num(d.get(f"{prefix}tokens"), ","), _num(d.get(f"{prefix}loss"), ".4f")]
+    cells += [_num(d.get(f"{prefix}ppl"), ".2f"), _num(d.get(f"{prefix}{bpb}"), ".4f")]
+    return [name, *cells, _num(d.get("gzip -9"), ".4f"), _num(d.get("xz -9"), ".4f")]
+
+
 def _eval_section(info: RunInfo) -> str:
-    rows = []
-    for split in ("val", "test"):
-        m = info.final_metrics or {}
-        if f"{split}/loss" in m:
-            name = {"val": "validation", "test": "test"}[split]
-            rows.append(
-                [f"{name} split (end of training)", _num(m.get(f"{split}/tokens"), ","),
-                 _num(m[f"{split}/loss"], ".4f"), _num(m.get(f"{split}/ppl"), ".2f"), _num(m.get(f"{split}/bpb"), ".4f")]
-            )  # fmt: skip
-    ev = info.evaluation or {}
+    final, ev = info.final_metrics or {}, info.evaluation or {}
+    rows = [
+        _row(f"{name} split (end of training)", final, f"{split}/", "bpb")
+        for split, name in (("val", "validation"), ("test", "test"))
+        if f"{split}/loss" in final
+    ]
     if (split := ev.get("split")) and f"{split}/loss" in ev:
-        rows.append(
-            [f"{split} split (app/evaluate.py)", _num(ev.get(f"{split}/tokens"), ","), _num(ev[f"{split}/loss"], ".4f"),
-             _num(ev.get(f"{split}/ppl"), ".2f"), _num(ev.get(f"{split}/bpb"), ".4f")]
-        )  # fmt: skip
+        rows.append(_row(f"{split} split (app/evaluate.py)", ev, f"{split}/", "bpb"))
     for t in ev.get("texts") or []:
-        name = PurePath(str(t.get("file", "?"))).name
-        rows.append([f"`{name}`", _num(t.get("tokens"), ","), _num(t.get("loss"), ".4f"), _num(t.get("ppl"), ".2f"),
-                     _num(t.get("bits/byte"), ".4f")])  # fmt: skip
+        rows.append(_row(f"`{PurePath(str(t.get('file', '?'))).name}`", t, "", "bits/byte"))
     if not rows:
         return (
             "## Evaluation\n\nNo evaluation was recorded for this checkpoint (run `app/evaluate.py` on it)."
         )
-    head = ["", "tokens", "loss (nats/token)", "perplexity", "bits/byte"]
-    return "## Evaluation\n\nExact over every real token of each split or file.\n\n" + _table(head, rows)
+    head = ["", "tokens", "loss (nats/token)", "perplexity", "bits/byte", "gzip -9", "xz -9"]
+    return (
+        "## Evaluation\n\nExact over every real token of each split or file (the compressors: bits per byte "
+        "of the same file, for scale).\n\n" + _table(head, rows)
+    )
 
 
 def _usage_section(folder: str) -> str:
