@@ -59,6 +59,11 @@ class MultiplicativeLSTMCache:
         self.states = [(h[indices], c[indices]) for h, c in self.states]
 
 
+def _weight_normed(v, g):
+    """v (out, in), g (out,) -> w = g * v / ||v|| per row (out, in)."""
+    return v * (g / v.norm(dim=1)).unsqueeze(1)
+
+
 def _state_dtype(dtype):
     """Gates and cell state stay at least float32 (bf16/fp16 weights: only the products are 16-bit)."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
@@ -110,17 +115,21 @@ class MultiplicativeLSTMLayer(nn.Module):
             self.gain_m.copy_(self.weight_m.norm(dim=1))
 
     def weights(self):
-        """Effective (w_in, w_mh, w_m): weight-normalised once per forward, not per step."""
+        """Effective (w_in, w_mh, w_m): weight-normalised once per forward, not per step. Without autograd
+        (generation) the result is kept until a parameter changes, so a one-token call costs one step."""
         if not self.weight_norm:
             return self.weight_in, self.weight_mh, self.weight_m
-        return tuple(
-            v * (g / v.norm(dim=1)).unsqueeze(1)  # (out, in) whose row norms are g
-            for v, g in (
-                (self.weight_in, self.gain_in),
-                (self.weight_mh, self.gain_mh),
-                (self.weight_m, self.gain_m),
-            )
-        )
+        pairs = ((self.weight_in, self.gain_in), (self.weight_mh, self.gain_mh), (self.weight_m, self.gain_m))
+        if torch.is_grad_enabled():
+            return tuple(_weight_normed(v, g) for v, g in pairs)
+        try:
+            key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for pair in pairs for p in pair)
+        except RuntimeError:  # inference tensors keep no version counter: nothing to key a copy on
+            return tuple(_weight_normed(v, g) for v, g in pairs)
+        if getattr(self, "_normed_key", None) != key:
+            self._normed = tuple(_weight_normed(v, g) for v, g in pairs)
+            self._normed_key = key
+        return self._normed
 
     def init_state(self, batch, device, dtype):
         z = torch.zeros(batch, self.hidden_dim, device=device, dtype=_state_dtype(dtype))
