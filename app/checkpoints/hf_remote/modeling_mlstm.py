@@ -11,10 +11,12 @@ per layer and time step (x input, h/c state):
 Plain torch: this file runs from transformers' module cache and imports nothing of mlstm-ds. Its
 state-dict keys are mlstm-ds's own ("{i}.{name}": "0" embedding, "1".."L" recurrent layers, "L+1" the
 untied head), so the same model.safetensors loads in both. Weight normalisation (w = g * v / ||v|| per
-row) is computed in each forward, as in training, so logits match and fine-tuning keeps its parametrisation.
+row) is computed from the stored v and g, as in training, so logits match and fine-tuning keeps its
+parametrisation.
 
-Generation carries the recurrent state: the cache is (h, c) per layer, so the prompt is read once and
-each new token costs one recurrent step. Positions whose attention_mask is 0 leave the state as it was,
+Generation carries the recurrent state: the cache is (h, c) per layer (plus, without autograd, the
+normalised matrices of its first call), so the prompt is read once and each new token costs one
+recurrent step. Positions whose attention_mask is 0 leave the state as it was,
 so a left-padded batch gives every row what it gets alone.
 """
 
@@ -31,7 +33,11 @@ from .configuration_mlstm import MultiplicativeLSTMConfig
 
 
 class MultiplicativeLSTMCache:
-    """The recurrent state after the tokens read so far: per layer (h, c), each (B, H)."""
+    """The recurrent state after the tokens read so far: per layer (h, c), each (B, H).
+
+    Without autograd it also keeps each layer's weight-normalised matrices from its first call, so a new
+    token costs one recurrent step and no renormalisation (a cache belongs to one set of weights).
+    """
 
     is_compileable = False
     is_croppable = False  # a recurrent state cannot forget its last tokens
@@ -39,6 +45,7 @@ class MultiplicativeLSTMCache:
     def __init__(self, states, seen_tokens=0):
         self.states = list(states)
         self.seen_tokens = seen_tokens
+        self.weights = None  # per layer (w_in, w_mh, w_m), or None for an LSTM layer
 
     def get_seq_length(self, layer_idx=0):
         return self.seen_tokens
@@ -115,40 +122,31 @@ class MultiplicativeLSTMLayer(nn.Module):
             self.gain_m.copy_(self.weight_m.norm(dim=1))
 
     def weights(self):
-        """Effective (w_in, w_mh, w_m): weight-normalised once per forward, not per step. Without autograd
-        (generation) the result is kept until a parameter changes, so a one-token call costs one step."""
+        """Effective (w_in, w_mh, w_m), weight-normalised (once per forward or per generation, not per step)."""
         if not self.weight_norm:
             return self.weight_in, self.weight_mh, self.weight_m
         pairs = ((self.weight_in, self.gain_in), (self.weight_mh, self.gain_mh), (self.weight_m, self.gain_m))
-        if torch.is_grad_enabled():
-            return tuple(_weight_normed(v, g) for v, g in pairs)
-        try:
-            key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for pair in pairs for p in pair)
-        except RuntimeError:  # inference tensors keep no version counter: nothing to key a copy on
-            return tuple(_weight_normed(v, g) for v, g in pairs)
-        if getattr(self, "_normed_key", None) != key:
-            self._normed = tuple(_weight_normed(v, g) for v, g in pairs)
-            self._normed_key = key
-        return self._normed
+        return tuple(_weight_normed(v, g) for v, g in pairs)
 
     def init_state(self, batch, device, dtype):
         z = torch.zeros(batch, self.hidden_dim, device=device, dtype=_state_dtype(dtype))
         return z, z.clone()
 
-    def forward(self, x, state, mask=None):
-        """x (B, T, in), state (h, c) each (B, H), mask (B, T) bool or None (all real)."""
+    def forward(self, x, state, mask=None, weights=None):
+        """x (B, T, in), state (h, c) each (B, H), mask (B, T) bool or None (all real); `weights`:
+        this layer's `weights()` computed by the caller (generation keeps them for every step)."""
         if self.cell == "lstm":
             y, state = self._lstm(x, state, mask)
         else:
-            y, state = self._mlstm(x, state, mask)
+            y, state = self._mlstm(x, state, mask, weights or self.weights())
         y = self.drop(y)
         if self.residual:
             y = y + x
         return y, state
 
-    def _mlstm(self, x, state, mask):
+    def _mlstm(self, x, state, mask, weights):
         H, T = self.hidden_dim, x.shape[1]
-        w_in, w_mh, w_m = self.weights()
+        w_in, w_mh, w_m = weights
         sdt = _state_dtype(x.dtype)
         proj = F.linear(x, w_in).to(sdt)  # (B, T, 5H): the input side of every step in one product
         pm, pg = proj[..., :H], proj[..., H:] + self.bias.to(sdt)  # (B, T, H) W_mx x, (B, T, 4H) W_x x + b
@@ -276,9 +274,13 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
             mask = attention_mask[:, -T:].to(device=x.device, dtype=torch.bool)  # (B, T) this call's tokens
             mask = None if bool(mask.all()) else mask
         hidden = [x] if output_hidden_states else None
+        weights = cache.weights
+        if weights is None or torch.is_grad_enabled():
+            weights = [layer.weights() if layer.cell == "mlstm" else None for layer in self.layers]
+            cache.weights = None if torch.is_grad_enabled() else weights
         states = []
-        for layer, state in zip(self.layers, cache.states):
-            x, state = layer(x, state, mask)  # (B, T, H)
+        for layer, state, w in zip(self.layers, cache.states, weights):
+            x, state = layer(x, state, mask, w)  # (B, T, H)
             states.append(state)
             if hidden is not None:
                 hidden.append(x)
