@@ -28,40 +28,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by the deepspeed launcher: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse
-
-from app.common.cli import add_dataclass_flags, collect_flags
-from app.common.errors import UserError, exit_on_user_error
+from app.common.cli import parse_config
+from app.common.errors import exit_on_user_error
 from app.common.logs import setup_logging
 from app.training.eval_config import EvalConfig
 
 
 def parse_args(argv: list[str] | None) -> EvalConfig:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
-    p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the launcher
-    add_dataclass_flags(p, EvalConfig, skip=("text", "dynamic"))
-    p.add_argument(
-        "--dynamic",
-        action="store_true",
-        dest="dynamic_flag",
-        help="Also evaluate dynamically (Krause et al. 2018; --dyn-lr, --dyn-decay, --dyn-segment): "
-        "bits/byte beside the static figure. One process; the checkpoint is never written.",
-    )
-    p.add_argument(
-        "--text",
-        nargs="+",
-        default=[],
-        dest="text_files",
-        metavar="FILE",
-        help="Raw UTF-8 text files to evaluate.",
-    )
-    ns = p.parse_args(argv)
-    try:
-        return EvalConfig(**collect_flags(ns, EvalConfig), text=list(ns.text_files), dynamic=ns.dynamic_flag)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    return parse_config(EvalConfig, argv, __doc__, launcher=True)
 
 
 @exit_on_user_error

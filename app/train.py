@@ -1,7 +1,8 @@
 """Train an mLSTM language model with DeepSpeed: pipeline stages x ZeRO data parallelism.
 
-    deepspeed --num_gpus 2 app/train.py --deepspeed_config ds_configs/cpu_pp2_zero1.json \
-        --data data/default --pipeline-stages 2 --out runs/quickstart --max-steps 300
+    deepspeed --num_gpus 2 app/train.py --deepspeed_config ds_configs/cpu_pp2_zero1.json --data data/default \\
+        --pipeline-stages 2 --out runs/quickstart --max-steps 300
+    deepspeed --num_gpus 2 app/train.py --config runs/quickstart/config.json --lr 1e-3 --no-progress
 
 Rerunning the same command in the same --out resumes from its latest complete checkpoint.
 """
@@ -25,9 +26,12 @@ from app.training.trainer import Trainer
 @exit_on_lost_peer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    cfg, ds_path, model_overrides, dry_run = parse_args(argv, __doc__)
-    trainer = Trainer(cfg, ds_path, model_overrides)
-    if dry_run:
+    args = parse_args(argv, __doc__)
+    trainer = Trainer(args.cfg, args.deepspeed, args.model_overrides)
+    if trainer.rank == 0:
+        for note in args.notes:
+            trainer.log.info(note)
+    if args.dry_run:
         if trainer.rank == 0:
             print(json.dumps(trainer.resolved, indent=1, default=str))
         return 0

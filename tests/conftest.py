@@ -59,28 +59,28 @@ def reference_run(prepared_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pp2_dp2_run(prepared_dir, tmp_path_factory):
-    """4 processes: P = 2 stages x DP = 2 ZeRO-1 replicas, grad_accum 2 (same global batches as reference_run)."""
-    import json
+    """4 processes: P = 2 stages x DP = 2 ZeRO-1 replicas, grad_accum 2 (same global batches as reference_run).
 
-    from launcher import ROOT, train
+    The accumulation comes from `--grad-accum 2` over the stock JSON (accum 4), named HF-style by
+    `--deepspeed FILE`: the equal losses show the flag reached DeepSpeed."""
+    from launcher import CPU_CONFIG, train
 
-    tmp = tmp_path_factory.mktemp("runs")
-    cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
-    cfg["gradient_accumulation_steps"] = 2
-    path = tmp / "pp2_dp2.json"
-    path.write_text(json.dumps(cfg))
-    out = tmp / "dp2"
+    out = tmp_path_factory.mktemp("runs") / "dp2"
     train(
         4,
         prepared_dir,
         out,
+        "--deepspeed",
+        str(CPU_CONFIG),
+        "--grad-accum",
+        "2",
         "--max-steps",
         REF_STEPS,
         "--eval-every",
         "4",
         "--wandb-mode",
         "disabled",
-        config=path,
+        config=None,
     )
     return out
 

@@ -61,10 +61,12 @@ def run(cmd: list[str], extra_env: dict | None = None, timeout: int = TIMEOUT) -
     )
 
 
-def train_args(data: Path, out: Path, *extra: str, stages: int = 2, config: Path = CPU_CONFIG) -> list[str]:
+def train_args(
+    data: Path, out: Path, *extra: str, stages: int = 2, config: Path | None = CPU_CONFIG
+) -> list[str]:
+    """`config=None`: the caller names the DeepSpeed JSON in `extra` (--deepspeed FILE, a --config file)."""
     return [
-        "--deepspeed_config",
-        str(config),
+        *(["--deepspeed_config", str(config)] if config is not None else []),
         "--data",
         str(data),
         "--out",
@@ -93,7 +95,7 @@ def train(
     out: Path,
     *extra: str,
     stages: int = 2,
-    config: Path = CPU_CONFIG,
+    config: Path | None = CPU_CONFIG,
     extra_env: dict | None = None,
     check: bool = True,
 ) -> subprocess.CompletedProcess:

@@ -115,7 +115,7 @@ def test_stops_at_eos(tmp_path, capsys):
         (["--checkpoint", "RUN", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["--checkpoint", "RUN", "--prompts", "/nonexistent.txt"], "--prompts"),
         (["--checkpoint", "RUN", "--prompt", "a", "--prompts", "b"], "not both"),
-        (["--checkpoint", "RUN", "--top-k", "many"], "`top_k` expects int"),
+        (["--checkpoint", "RUN", "--top-k", "many"], "--top-k: expects an integer"),
     ],
 )
 def test_bad_input_is_one_clear_line(byte_run, capsys, args, needle):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from app.common.errors import UserError
-from app.parallel.layout import engine_config, load_ds_json, resolve_layout
+from app.parallel.layout import apply_settings, engine_config, load_ds_json, resolve_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 OPT = {"type": "AdamW", "params": {"lr": 1e-3}}
@@ -75,3 +75,36 @@ def test_shipped_configs_validate(path):
         assert lay.precision == "bf16"
     if "offload" in path.name:
         assert out["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+MB, GA, TB = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"
+
+
+@pytest.mark.parametrize(
+    "json_keys, given, want",  # want: (micro, accum, global) at world 4, P 2 (dp 2)
+    [
+        ({MB: 8, GA: 4, TB: 64}, dict(micro_batch=4), (4, 4, 32)),  # the JSON's accumulation kept
+        ({MB: 8, TB: 64}, dict(micro_batch=4), (4, 8, 64)),  # no accumulation key: its global batch kept
+        ({MB: 8, GA: 4}, dict(global_batch=32), (8, 2, 32)),
+        ({TB: 64, GA: 2}, dict(global_batch=32), (8, 2, 32)),
+        ({MB: 8, GA: 4}, dict(grad_accum=1, global_batch=32), (16, 1, 32)),
+        ({MB: 8, GA: 4}, dict(micro_batch=2, grad_accum=2, global_batch=8), (2, 2, 8)),
+    ],
+)
+def test_batch_settings_replace_the_json_keys_and_fill_from_it(json_keys, given, want):
+    cfg = {**json_keys, "optimizer": OPT}
+    out = apply_settings(cfg, **given)
+    lay = resolve_layout(out, 4, 2)
+    assert (lay.micro_batch, lay.grad_accum, lay.train_batch) == want
+    assert cfg == {**json_keys, "optimizer": OPT}, "the caller's dict must not change"
+
+
+def test_lr_and_precision_settings():
+    cfg = {MB: 1, "optimizer": OPT, "fp16": {"enabled": True, "loss_scale": 0}}
+    out = apply_settings(cfg, lr=5e-4, precision="bf16")
+    assert out["optimizer"]["params"]["lr"] == 5e-4 and OPT["params"]["lr"] == 1e-3
+    assert out["bf16"] == {"enabled": True} and out["fp16"] == {"enabled": False, "loss_scale": 0}
+    assert resolve_layout(out, 1, 1).precision == "bf16"
+    assert resolve_layout(apply_settings(out, precision="fp32"), 1, 1).precision == "fp32"
+    with pytest.raises(UserError, match="--lr: the DeepSpeed config needs an `optimizer` section"):
+        apply_settings({MB: 1}, lr=1e-3)

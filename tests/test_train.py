@@ -53,14 +53,23 @@ def test_wandb_offline_run_has_metrics_and_no_key(reference_run):
 
 
 def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
-    """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve."""
-    cfg = json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())
-    cfg["gradient_accumulation_steps"] = 2  # 2 x DP 2 = the reference's 4 micro-batches per step
-    path = tmp_path / "zero2.json"
-    path.write_text(json.dumps(cfg))
+    """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve.
+
+    The DeepSpeed JSON and the accumulation come from a YAML --config file (the stock cpu_zero2.json has a
+    different accumulation), so the equal losses show the file's settings reached DeepSpeed."""
+    assert (
+        json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())["gradient_accumulation_steps"] != 2
+    )
+    path = tmp_path / "zero2.yaml"
+    # 2 x DP 2 = the reference's 4 micro-batches per step
+    path.write_text(
+        f"deepspeed: {ROOT / 'ds_configs' / 'cpu_zero2.json'}\ngrad_accum: 2\nwandb_mode: disabled\n"
+    )
     out = tmp_path / "p1"
-    train(2, prepared_dir, out, "--max-steps", STEPS, "--eval-every", "4", "--wandb-mode", "disabled",
-          stages=1, config=path)  # fmt: skip
+    train(2, prepared_dir, out, "--config", str(path), "--max-steps", STEPS, "--eval-every", "4",
+          stages=1, config=None)  # fmt: skip
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["deepspeed"]["gradient_accumulation_steps"] == recorded["train"]["grad_accum"] == 2
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got.keys() == ref.keys()
     for s in ref:

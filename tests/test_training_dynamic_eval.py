@@ -109,7 +109,7 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
         (["--dyn-segment", "0"], "--dyn-segment"),
         (["--dyn-lr", "-1"], "--dyn-lr"),
         (["--dyn-decay", "nan"], "--dyn-decay"),
-        (["--dyn-lr", "fast"], "dyn_lr"),
+        (["--dyn-lr", "fast"], "--dyn-lr: expects a number"),
     ],
 )
 def test_bad_dynamic_flags_are_one_clear_line(tmp_path, capsys, args, needle):

@@ -7,17 +7,20 @@ raises `ValueError`s that name the field and print the offending numbers.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-CELLS = ("mlstm", "lstm")
-CORES = ("auto", "fused", "python")
+Cell = Literal["mlstm", "lstm"]
+Core = Literal["auto", "fused", "python"]
+CELLS = typing.get_args(Cell)
+CORES = typing.get_args(Core)
 RUNTIME_FIELDS = ("core",)  # how the model runs, not what it computes: kept out of saved configs
 
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    cell: str = "mlstm"
+    cell: Cell = "mlstm"
     """Recurrent cell: "mlstm" (multiplicative LSTM, Krause et al. 2016, fast custom core) or "lstm"
     (plain LSTM through torch's fused nn.LSTM, the baseline)."""
 
@@ -57,7 +60,7 @@ class ModelConfig:
     embed_init_std: float = 0.02
     """Standard deviation of the normal init of the embedding (and of an untied head)."""
 
-    core: str = "auto"
+    core: Core = "auto"
     """mLSTM time loop: "fused" (compiled C++ loop for CPU, built on first use), "python" (portable core),
     "auto" (fused on CPU where it builds, else python). Same function and checkpoints either way; not
     saved with the model config."""

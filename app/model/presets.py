@@ -23,6 +23,10 @@ def load_model_config(spec: str | None, vocab_size: int, overrides: dict) -> Mod
         raise UserError(
             f"--model-config: vocab_size {d['vocab_size']} does not match the data's tokenizer ({vocab_size})"
         )
+    if overrides.get("vocab_size", vocab_size) != vocab_size:
+        raise UserError(
+            f"model.vocab_size {overrides['vocab_size']} does not match the data's tokenizer ({vocab_size})"
+        )
     d.update(overrides)
     d["vocab_size"] = vocab_size
     try:

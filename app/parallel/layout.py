@@ -5,12 +5,27 @@ Every inconsistency is a `UserError` that names the key or flag and prints the n
 
 from __future__ import annotations
 
+import copy
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from app.common.errors import UserError
 from app.common.files import read_json_object
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+MICRO, ACCUM, GLOBAL = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"
+
+
+@dataclass(frozen=True, slots=True)
+class DeepSpeedJson:
+    """A DeepSpeed config and how errors name where it came from (`--deepspeed_config X`, a --config file)."""
+
+    data: dict
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +49,77 @@ class Layout:
         return {f: getattr(self, f) for f in self.__slots__}
 
 
-def load_ds_json(path: str | None) -> dict:
+def load_ds_json(path: str | None, flag: str = "--deepspeed_config") -> dict:
     if not path:
-        raise UserError("--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json)")
-    return read_json_object(Path(path), "--deepspeed_config")
+        raise UserError(
+            "--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json; also --deepspeed FILE, "
+            "or `deepspeed:` in --config)"
+        )
+    return read_json_object(Path(path), flag)
+
+
+def apply_settings(
+    cfg: dict,
+    *,
+    lr: float | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    global_batch: int | None = None,
+    precision: str | None = None,
+) -> dict:
+    """The DeepSpeed dict with the app's settings written in (a copy; None leaves a key as it is).
+
+    Batch: the keys given win; of the DeepSpeed dict's own batch keys only as many are kept, in the order
+    micro-batch, accumulation, global batch, as leave one of the three to derive (`resolve_layout`), so
+    `--micro-batch 4` alone keeps the accumulation steps and `--global-batch 64` alone keeps the micro-batch.
+    """
+    out = copy.deepcopy(cfg)
+    pairs = ((MICRO, micro_batch), (ACCUM, grad_accum), (GLOBAL, global_batch))
+    given = {k: v for k, v in pairs if v is not None}
+    if given:
+        kept = dict(given)
+        for key in (MICRO, ACCUM, GLOBAL):
+            if len(kept) >= 2:
+                break
+            if key not in kept and out.get(key) not in (None, "auto"):
+                kept[key] = out[key]
+        for key in (MICRO, ACCUM, GLOBAL):
+            out.pop(key, None)
+        out.update({k: kept[k] for k in (MICRO, ACCUM, GLOBAL) if k in kept})
+    if lr is not None:
+        opt = out.get("optimizer")
+        if not isinstance(opt, dict) or not isinstance(opt.get("params", {}), dict):
+            raise UserError("--lr: the DeepSpeed config needs an `optimizer` section (e.g. AdamW) to take it")
+        opt.setdefault("params", {})["lr"] = lr
+    if precision is not None:
+        for key in ("bf16", "fp16"):
+            want = precision == key
+            if want or isinstance(out.get(key), dict):
+                section = out.get(key) if isinstance(out.get(key), dict) else {}
+                out[key] = {**section, "enabled": want}
+    return out
+
+
+def stated_settings(cfg: dict) -> dict:
+    """What a DeepSpeed dict itself says of the app's settings (only the keys it states; precision only
+    where it has a bf16 or fp16 section)."""
+    out: dict = {}
+    for key, name in ((MICRO, "micro_batch"), (ACCUM, "grad_accum"), (GLOBAL, "global_batch")):
+        if isinstance(cfg.get(key), int):
+            out[name] = cfg[key]
+    opt = cfg.get("optimizer")
+    if isinstance(opt, dict) and isinstance(opt.get("params"), dict) and "lr" in opt["params"]:
+        out["lr"] = opt["params"]["lr"]
+    sections = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict)]
+    on = [k for k in sections if cfg[k].get("enabled") is True]
+    if sections:  # no section at all states nothing (fp32 by default)
+        out["precision"] = on[0] if len(on) == 1 else "fp32" if not on else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def optimizer_lr(cfg: dict) -> float | None:
+    """The peak learning rate the DeepSpeed dict gives its optimizer."""
+    return stated_settings(cfg).get("lr")
 
 
 def is_partition_method(method: str) -> bool:
@@ -85,11 +167,13 @@ def resolve_layout(
             f"stages * data_parallel must equal world_size"
         )
     dp = world_size // stages
-    tb = _int_key(cfg, "train_batch_size", src)
-    mb = _int_key(cfg, "train_micro_batch_size_per_gpu", src)
-    ga = _int_key(cfg, "gradient_accumulation_steps", src)
+    tb = _int_key(cfg, GLOBAL, src)
+    mb = _int_key(cfg, MICRO, src)
+    ga = _int_key(cfg, ACCUM, src)
     if mb is None and tb is None:
-        raise UserError(f"{src}: set `train_micro_batch_size_per_gpu` (and optionally `train_batch_size`)")
+        raise UserError(
+            f"{src}: set `train_micro_batch_size_per_gpu` (or --micro-batch), and optionally `train_batch_size`"
+        )
     if ga is None:
         if tb is None:
             ga = 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-FEATURES = ("final_cell", "final_hidden", "mean_hidden")
+Feature = Literal["final_cell", "final_hidden", "mean_hidden"]
+FEATURES = typing.get_args(Feature)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -22,7 +25,7 @@ class TransferConfig:
     """Column holding the text."""
     label_field: str = "label"
     """Column holding the label (strings or ints, reported back by name)."""
-    features: str = "final_cell"
+    features: Feature = "final_cell"
     """final_cell (the cell state after each text's last token, as in the sentiment-neuron paper),
     final_hidden (the hidden state there) or mean_hidden (the layer's output averaged over the text)."""
     layer: int = -1
@@ -40,7 +43,7 @@ class TransferConfig:
     """Featurizing: padded tokens per batch (texts are sorted by length, so padding stays small)."""
     heatmap_texts: int = 4
     """Test texts drawn in the per-character heatmap of the top neuron."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (cuda when available), cpu or cuda."""
 
     def __post_init__(self) -> None:

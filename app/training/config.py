@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-from app.parallel.layout import is_partition_method
+from app.parallel.layout import PRECISIONS, Precision, is_partition_method
 
-LR_DECAYS = ("cosine", "linear", "constant")
-WANDB_MODES = ("online", "offline", "disabled")
+LrDecay = Literal["cosine", "linear", "constant"]
+WandbMode = Literal["online", "offline", "disabled"]
+LR_DECAYS = typing.get_args(LrDecay)
+WANDB_MODES = typing.get_args(WandbMode)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -16,7 +21,8 @@ class TrainConfig:
     data: str = ""
     """Directory written by `python -m data_prep` (holds meta.json and the train/validation/test splits)."""
     model_config: str | None = None
-    """JSON file with a ModelConfig; default: the `small` preset sized for the data's vocabulary."""
+    """A model preset (listed at the end of --help) or a JSON file with a ModelConfig; default: the `small`
+    preset, sized for the data's vocabulary."""
     pipeline_stages: int = 1
     """Pipeline stages P. P > 1 splits the layers across P ranks (ZeRO 0/1); P = 1 allows ZeRO 0-3."""
     partition_method: str = "time"
@@ -49,10 +55,23 @@ class TrainConfig:
     """Print one metrics line every N steps."""
     warmup_steps: int = 100
     """Linear learning-rate warmup steps."""
-    lr_decay: str = "cosine"
+    lr_decay: LrDecay = "cosine"
     """Decay after warmup: cosine, linear or constant."""
     min_lr_ratio: float = 0.1
-    """Floor of the decayed learning rate, as a fraction of the peak lr from the DeepSpeed config."""
+    """Floor of the decayed learning rate, as a fraction of the peak lr (--lr)."""
+    lr: float | None = None
+    """Peak learning rate, written into the DeepSpeed config (optimizer.params.lr); default: the value there.
+    The run's config.json records the one used."""
+    micro_batch: int | None = None
+    """Sequences per micro-batch per data-parallel rank (DeepSpeed's train_micro_batch_size_per_gpu).
+    Batch flags given replace the DeepSpeed config's keys; the rest come from it in the order micro-batch,
+    grad-accum, global batch, and global = micro x accum x (world / P) is checked."""
+    grad_accum: int | None = None
+    """Micro-batches per optimizer step on each rank (DeepSpeed's gradient_accumulation_steps)."""
+    global_batch: int | None = None
+    """Sequences per optimizer step over all ranks (DeepSpeed's train_batch_size)."""
+    precision: Precision | None = None
+    """fp32, bf16 or fp16: written into the DeepSpeed config's bf16/fp16 sections; default: what it enables."""
     tokens_per_micro_batch: int = 0
     """Token budget per micro-batch: shorter buckets get more sequences (0: fixed micro-batch size)."""
     max_consecutive_skips: int = 8
@@ -61,7 +80,7 @@ class TrainConfig:
     """Evaluate on the test split at the end."""
     wandb_project: str = "mlstm-ds"
     """Weights & Biases project."""
-    wandb_mode: str | None = None
+    wandb_mode: WandbMode | None = None
     """online, offline or disabled. Default: $WANDB_MODE, else online with an API key, else offline."""
     wandb_run_name: str | None = None
     """Run name shown in W&B (default: the run directory's name)."""
@@ -102,6 +121,15 @@ class TrainConfig:
         )
         need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         need(self.tokens_per_micro_batch >= 0, "tokens_per_micro_batch", "must be >= 0")
+        need(self.lr is None or (math.isfinite(self.lr) and self.lr > 0), "lr", f"must be > 0, got {self.lr}")
+        for name in ("micro_batch", "grad_accum", "global_batch"):
+            value = getattr(self, name)
+            need(value is None or value >= 1, name, f"must be >= 1, got {value}")
+        need(
+            self.precision is None or self.precision in PRECISIONS,
+            "precision",
+            f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}",
+        )
         need(self.dist_timeout_s > 0, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
         need(self.max_consecutive_skips >= 1, "max_consecutive_skips", "must be >= 1")
         need(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from data_prep.format import SPLITS
+
+Split = Literal["train", "validation", "test"]  # data_prep.format.SPLITS, spelled out for --help
 
 
 @dataclass(kw_only=True, slots=True)
@@ -15,7 +18,7 @@ class EvalConfig:
     data: str | None = None
     """Prepared data directory (python -m data_prep) whose --split is evaluated; needs the checkpoint's
     tokenizer."""
-    split: str = "test"
+    split: Split = "test"
     """Split of --data to evaluate: train, validation or test."""
     text: list[str] = field(default_factory=list)
     """Raw UTF-8 text files to evaluate (bits/byte beside gzip/bzip2/xz)."""

@@ -25,14 +25,11 @@ from app.checkpoints.run_lock import acquire_run_lock
 from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
 from app.common import faults
-from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
-from app.common.redact import redact_secrets
 from app.model.config import flops_per_token
-from app.model.presets import load_model_config
 from app.parallel.engine import Engine
-from app.parallel.layout import engine_config, load_ds_json, resolve_layout
+from app.parallel.layout import DeepSpeedJson, engine_config
 from app.parallel.precision import check_precision
 from app.parallel.runtime import init_distributed, seed_everything, set_threads
 from app.training.batching import collate
@@ -40,7 +37,7 @@ from app.training.config import TrainConfig
 from app.training.evaluation import evaluate
 from app.training.metrics import StepLogger, StepStats
 from app.training.peak_flops import measure_matmul_peak
-from app.training.run_data import RunData
+from app.training.plan import open_inputs, plan_run
 from app.training.schedule import lr_multiplier
 from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
 
@@ -59,58 +56,33 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, ds_path: str | None, model_overrides: dict) -> None:
+    def __init__(self, cfg: TrainConfig, ds: DeepSpeedJson, model_overrides: dict) -> None:
         """Configure: configs, data and layout checked (cheap, so `--dry-run` stops right after)."""
-        self.cfg = cfg
         self.log = setup_logging(cfg.verbose)
-        self.ds_path = ds_path
-        self.ds_json = load_ds_json(ds_path)  # before any process group: a bad path fails in a second
-        self.data = RunData(cfg.data)
-        self.model_cfg = load_model_config(
-            cfg.model_config, self.data.tokenizer["vocab_size"], model_overrides
-        )
+        # before any process group: bad data or a bad model config fails in a second
+        self.data, self.model_cfg = open_inputs(cfg, model_overrides)
         init_distributed(cfg.dist_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.threads = set_threads()
-        self.layout = resolve_layout(
-            self.ds_json, self.world, cfg.pipeline_stages, src=f"--deepspeed_config {ds_path}"
-        )
+        plan = plan_run(cfg, ds, self.data, self.model_cfg, self.world)
+        self.cfg = cfg = plan.cfg  # lr, batch and precision as in force
+        self.ds_json, self.layout = plan.ds_json, plan.layout
         if self.rank == 0:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
-            check_precision(self.layout.precision, device_type, f"--deepspeed_config {ds_path}", self.log)
-        if self.layout.zero_stage == 0 and self.layout.precision != "fp16":
-            raise UserError(
-                f"--deepspeed_config {ds_path}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed "
-                f"for {self.layout.precision}; use stage 1 (the same memory use at data_parallel 1)"
-            )
+            check_precision(self.layout.precision, device_type, plan.ds_source, self.log)
         seed_everything(cfg.seed, cfg.deterministic)
-        self.data.configure(self.layout, cfg.seed, cfg.tokens_per_micro_batch)
-        self.steps_per_epoch = self.data.schedule("train").steps_per_epoch
-        self.total_steps = cfg.max_steps or max(1, math.ceil((cfg.epochs or 1.0) * self.steps_per_epoch))
+        self.steps_per_epoch, self.total_steps = plan.steps_per_epoch, plan.total_steps
         self.run_dir = Path(cfg.out)
         self.root = self.run_dir / "checkpoints"
-        self.resolved = self._resolved_config()
+        self.resolved = plan.resolved(self.threads)
         self.state = TrainState()
         lay = self.layout
         self._info(
             f"world {self.world} = {lay.stages} stages x {lay.data_parallel} data-parallel | "
             f"batch {lay.train_batch} = micro {lay.micro_batch} x accum {lay.grad_accum} x dp "
-            f"{lay.data_parallel} | ZeRO-{lay.zero_stage} {lay.precision} | "
+            f"{lay.data_parallel} | ZeRO-{lay.zero_stage} {lay.precision} | lr {cfg.lr:g} | "
             f"{self.total_steps} steps ({self.steps_per_epoch}/epoch) | {self.threads} threads/process"
         )
-
-    def _resolved_config(self) -> dict:
-        return {
-            "train": self.cfg.to_dict(),
-            "model": self.model_cfg.to_dict(),
-            "deepspeed": redact_secrets(self.ds_json),  # copied to config.json, checkpoints and W&B
-            "layout": self.layout.as_dict(),
-            "data": self.data.describe(),
-            "total_steps": self.total_steps,
-            "steps_per_epoch": self.steps_per_epoch,
-            "world_size": self.world,
-            "threads_per_process": self.threads,
-        }
 
     def _info(self, msg: str) -> None:
         if self.rank == 0:

@@ -1,0 +1,94 @@
+"""What a training run will do, decided from its configs and a world size alone.
+
+The app's lr, batch and precision settings are written into the DeepSpeed config here (the one dict
+DeepSpeed gets), the batch identity and ZeRO/pipeline limits are checked on the result, and the
+TrainConfig is filled in with the values in force, so the resolved config records them whichever side
+set them. No process group, no global state: `--dry-run` and the tests plan any world in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from app.common.errors import UserError
+from app.common.redact import redact_secrets
+from app.model.config import ModelConfig
+from app.model.presets import load_model_config
+from app.parallel.layout import (
+    DeepSpeedJson,
+    Layout,
+    apply_settings,
+    engine_config,
+    optimizer_lr,
+    resolve_layout,
+)
+from app.training.config import TrainConfig
+from app.training.run_data import RunData
+
+
+@dataclass(slots=True)
+class RunPlan:
+    cfg: TrainConfig  # lr, batch and precision as in force
+    model_cfg: ModelConfig
+    ds_json: dict  # the DeepSpeed config with the app's settings written in
+    ds_source: str  # how errors name it
+    layout: Layout
+    data: RunData
+    world: int
+    steps_per_epoch: int
+    total_steps: int
+
+    def resolved(self, threads: int) -> dict:
+        """The run's resolved config (config.json, checkpoints, W&B); `--config` reads it back."""
+        return {
+            "train": self.cfg.to_dict(),
+            "model": self.model_cfg.to_dict(),
+            # what DeepSpeed is given, secrets redacted (it is copied to config.json, checkpoints and W&B)
+            "deepspeed": redact_secrets(engine_config(self.ds_json, self.layout)),
+            "layout": self.layout.as_dict(),
+            "data": self.data.describe(),
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "world_size": self.world,
+            "threads_per_process": threads,
+        }
+
+
+def open_inputs(cfg: TrainConfig, model_overrides: dict) -> tuple[RunData, ModelConfig]:
+    """--data opened and the model config built (cheap: a bad path fails before any process starts)."""
+    data = RunData(cfg.data)
+    return data, load_model_config(cfg.model_config, data.tokenizer["vocab_size"], model_overrides)
+
+
+def plan_run(
+    cfg: TrainConfig, ds: DeepSpeedJson, data: RunData, model_cfg: ModelConfig, world: int
+) -> RunPlan:
+    settings = {
+        name: getattr(cfg, name) for name in ("lr", "micro_batch", "grad_accum", "global_batch", "precision")
+    }
+    given = {k: v for k, v in settings.items() if v is not None}
+    ds_json = apply_settings(ds.data, **given)
+    src = ds.source + (f" with {', '.join(f'{k}={v}' for k, v in given.items())}" if given else "")
+    layout = resolve_layout(ds_json, world, cfg.pipeline_stages, src=src)
+    if layout.zero_stage == 0 and layout.precision != "fp16":
+        raise UserError(
+            f"{src}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for {layout.precision}; "
+            f"use stage 1 (the same memory use at data_parallel 1)"
+        )
+    lr = optimizer_lr(ds_json)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise UserError(f"{src}: optimizer.params.lr must be a positive number, got {lr!r}")
+    cfg = dataclasses.replace(
+        cfg,
+        lr=float(lr),
+        micro_batch=layout.micro_batch,
+        grad_accum=layout.grad_accum,
+        global_batch=layout.train_batch,
+        precision=layout.precision,
+    )
+    data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch)
+    steps_per_epoch = data.schedule("train").steps_per_epoch
+    total_steps = cfg.max_steps or max(1, math.ceil((cfg.epochs or 1.0) * steps_per_epoch))
+    return RunPlan(cfg, model_cfg, ds_json, src, layout, data, world, steps_per_epoch, total_steps)
