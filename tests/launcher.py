@@ -81,6 +81,8 @@ def train_args(data: Path, out: Path, *extra: str, stages: int = 2, config: Path
         "1",
         "--progress",
         "false",
+        "--plots",  # about a second of rank 0 per validation; the reference run draws them (conftest)
+        "false",
         "--log-every",
         "1",
         *extra,
