@@ -61,9 +61,10 @@ def test_wandb_offline_run_has_metrics_and_no_key(reference_run):
             assert FAKE_KEY.encode() not in f.read_bytes(), f"API key leaked into {f}"
 
 
-def check_wandb_run(out, steps: list[int], scratch) -> None:
+def check_wandb_run(out, steps: list[int], scratch, saved: tuple[int, ...] = ()) -> None:
     """The offline W&B run holds config.json as its config, a samples table per validation (the rows of
-    samples.jsonl), and the final model artifact: an export of the last checkpoint, staged under the run."""
+    samples.jsonl), and model artifacts (a version per save in `saved`, else the final one only): each an
+    export of its checkpoint, staged under the run; the last one's weights are the final checkpoint's."""
     from app.checkpoints.export_format import read_export_config, read_weights
     from app.checkpoints.loader import open_source
 
@@ -75,9 +76,13 @@ def check_wandb_run(out, steps: list[int], scratch) -> None:
         assert [(r["prompt"], r["text"], r["stop"]) for r in tables[step]] == [
             (r["prompt"], r["text"], r["stop"]) for r in local[step]
         ]
-    (art,) = wandb_artifacts(records, "model")
+    *earlier, art = wandb_artifacts(records, "model")
     run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
     assert art.name == f"model-{run_id}" and set(art.aliases) >= {"final", f"step-{steps[-1]}", "latest"}
+    assert [set(a.aliases) - {"latest"} for a in earlier] == [{f"step-{s}"} for s in saved[:-1]]
+    assert all(
+        a.name == art.name and {e.path for e in a.manifest.contents} >= {"model.safetensors"} for a in earlier
+    )
     staged = {e.path: check_staged(e) for e in art.manifest.contents}
     assert set(staged) >= {"model.safetensors", "config.json"}
     for path in staged.values():
@@ -106,13 +111,13 @@ def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
     path.write_text(json.dumps(cfg))
     out = tmp_path / "p1"
     train(2, prepared_dir, out, "--max-steps", STEPS, "--eval-every", "4", "--wandb-mode", "offline",
-          stages=1, config=path)  # fmt: skip
+          "--wandb-artifacts", "saves", "--save-every", "4", stages=1, config=path)  # fmt: skip
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got.keys() == ref.keys()
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
     check_samples(out, [4, 8])  # P = 1: the samples are rank 0's own replica's
-    check_wandb_run(out, [4, 8], tmp_path)
+    check_wandb_run(out, [4, 8], tmp_path, saved=(4, 8))
 
 
 def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference_run, pp2_dp2_run):

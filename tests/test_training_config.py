@@ -42,6 +42,9 @@ def test_flags_and_overrides_are_typed():
         (["--data", "d", "model.depth=3"], "unknown setting `depth`"),
         (["--max-steps", "3"], "--data"),
         (["--data", "d", "--keep-last", "0"], "--keep-last"),
+        (["--data", "d", "--wandb-artifacts", "all"], "--wandb-artifacts"),
+        (["--data", "d", "--samples", "-1"], "--samples"),
+        (["--data", "d", "--sample-tokens", "0"], "--sample-tokens"),
     ],
 )
 def test_bad_values_name_the_flag(argv, needle):
