@@ -15,9 +15,9 @@ if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
+import logging
 
 from app.common.errors import exit_on_user_error
-from app.common.logs import setup_logging
 from app.training.plots import plot_runs
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", metavar="RUN", help="A run directory (or its metrics.jsonl file).")
     p.add_argument("--out", default="runs.png", help="PNG file to write (default: runs.png).")
     args = p.parse_args(argv)
-    setup_logging()
+    logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
     curves = plot_runs(args.runs, Path(args.out))
     print(f"{len(curves)} run(s) plotted to {args.out}", flush=True)
     return 0

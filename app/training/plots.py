@@ -159,6 +159,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     fig, (ax,) = _figure(1)
     ax.plot(c.train["step"], c.train["train/lr"], lw=1.2)
     _style(ax, "step", "learning rate")
+    fig.suptitle(f"{c.name}: learning rate", fontsize=10)
     _save(fig, out / "lr.png")
     fig, (tps, mfu) = _figure(2)
     tps.plot(c.train["step"], c.train["train/tokens_per_s"], lw=0.6, alpha=0.3)
@@ -166,6 +167,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     _style(tps, "step", "tokens/s (global batch)")
     mfu.plot(c.train["step"], 100 * smooth(c.train["train/mfu"]), lw=1.4, color="C1")
     _style(mfu, "step", "MFU % (of measured matmul peak)")
+    fig.suptitle(f"{c.name}: throughput", fontsize=10)
     _save(fig, out / "throughput.png")
     return [*written, out / "lr.png", out / "throughput.png"]
 
