@@ -43,7 +43,8 @@ REF_STEPS = "8"
 
 @pytest.fixture(scope="session")
 def reference_run(prepared_dir, tmp_path_factory):
-    """P = 2 x DP = 1, grad_accum 4, 8 steps, W&B offline with a (fake) API key in the environment.
+    """P = 2 x DP = 1, grad_accum 4, 8 steps, W&B offline with a (fake) API key in the environment; plots,
+    samples (4 per validation) and the final model artifact, as a user gets them.
 
     Returns (run_dir, CompletedProcess). Checkpoints kept: step 6 and step 8 (latest).
     """
@@ -52,7 +53,8 @@ def reference_run(prepared_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "ref"
     p = train(
         2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
-        "--eval-every", "4", "--wandb-mode", "offline", extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
+        "--eval-every", "4", "--wandb-mode", "offline", "--plots", "true",
+        extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
     )  # fmt: skip
     return out, p
 

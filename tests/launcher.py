@@ -83,6 +83,8 @@ def train_args(
         "1",
         "--progress",
         "false",
+        "--plots",  # about a second of rank 0 per validation; the reference run draws them (conftest)
+        "false",
         "--log-every",
         "1",
         *extra,

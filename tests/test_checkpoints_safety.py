@@ -15,6 +15,7 @@ import pytest
 import torch
 from launcher import ROOT, train
 from launcher import metrics as launcher_metrics
+from run_files import samples
 
 from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
@@ -297,6 +298,7 @@ def test_resume_after_torn_metrics_line_with_redacted_secret_and_wandb_rewound(
         assert b"SECRET-0123456789" not in text and b"<redacted>" in text
     steps = [m["step"] for m in launcher_metrics(out) if "train/loss" in m]
     assert steps == sorted(steps) and steps[-3:] == [7, 8, 9]  # re-run steps replace the old ones
+    assert sorted(samples(out)) == [4, 9]  # samples.jsonl cut back to step 6 as well, then step 9's
     run_id = json.loads((out / "checkpoints" / PREVIOUS / "app_state.json").read_text())["wandb_id"]
     assert f'"branch_point":{{"run_id":"{run_id}","step":6}}'.encode() in blob  # W&B rewound to 6
     for m in launcher_metrics(out):

@@ -142,6 +142,7 @@ def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_
 def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model."""
     from launcher import CPU_CONFIG, train
+    from run_files import check_samples
     from test_export import exported_equals_checkpoint
 
     from app.checkpoints.loader import open_source
@@ -158,6 +159,7 @@ def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     one = evaluate_cli(out, tmp_path / "z3.json", "--data", str(prepared_dir))
     same_numbers(one, json.loads((out / "final_metrics.json").read_text()), TEST_KEYS)
     exported_equals_checkpoint(out, tmp_path / "exp")
+    check_samples(out, [3])  # taken at the final validation from the weights ZeRO-3 gathered for them
 
 
 @pytest.mark.slow

@@ -16,6 +16,15 @@ import pytest
 from conftest import FAKE_WANDB_KEY as FAKE_KEY
 from conftest import REF_STEPS as STEPS
 from launcher import ROOT, metrics, train, train_losses, train_until_step_then_kill
+from run_files import (
+    check_samples,
+    check_staged,
+    sample_tables,
+    samples,
+    wandb_artifacts,
+    wandb_config,
+    wandb_records,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +61,48 @@ def test_wandb_offline_run_has_metrics_and_no_key(reference_run):
             assert FAKE_KEY.encode() not in f.read_bytes(), f"API key leaked into {f}"
 
 
+def check_wandb_run(out, steps: list[int], scratch, saved: tuple[int, ...] = ()) -> None:
+    """The offline W&B run holds config.json as its config, a samples table per validation (the rows of
+    samples.jsonl), and model artifacts (a version per save in `saved`, else the final one only): each an
+    export of its checkpoint, staged under the run; the last one's weights are the final checkpoint's."""
+    from app.checkpoints.export_format import read_export_config, read_weights
+    from app.checkpoints.loader import open_source
+
+    records = wandb_records(out)
+    assert wandb_config(records) == json.loads((out / "config.json").read_text())
+    tables, local = sample_tables(out), samples(out)
+    assert sorted(tables) == steps
+    for step in steps:
+        assert [(r["prompt"], r["text"], r["stop"]) for r in tables[step]] == [
+            (r["prompt"], r["text"], r["stop"]) for r in local[step]
+        ]
+    *earlier, art = wandb_artifacts(records, "model")
+    run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
+    assert art.name == f"model-{run_id}" and set(art.aliases) >= {"final", f"step-{steps[-1]}", "latest"}
+    assert [set(a.aliases) - {"latest"} for a in earlier] == [{f"step-{s}"} for s in saved[:-1]]
+    assert all(
+        a.name == art.name and {e.path for e in a.manifest.contents} >= {"model.safetensors"} for a in earlier
+    )
+    staged = {e.path: check_staged(e) for e in art.manifest.contents}
+    assert set(staged) >= {"model.safetensors", "config.json"}
+    for path in staged.values():
+        assert path.is_relative_to(out / "wandb"), f"{path}: staged outside the run"
+    export = scratch / "artifact"  # the staged files laid out as the artifact's folder
+    export.mkdir()
+    for name, path in staged.items():
+        (export / name).write_bytes(path.read_bytes())
+    src = open_source(out)
+    meta = read_export_config(export)
+    assert meta["step"] == steps[-1] == src.step and not meta["source"].startswith("/")
+    want, got = src.state_dict(), read_weights(export, src.model_cfg)
+    assert want.keys() == got.keys() and all(bool((want[k] == got[k]).all()) for k in want)
+    assert not list(out.glob(".artifact-*")), "the temporary export was left behind"
+
+
+def test_wandb_offline_run_has_config_samples_table_and_model_artifact(reference_run, tmp_path):
+    check_wandb_run(reference_run[0], [4, 8], tmp_path)
+
+
 def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
     """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve.
 
@@ -63,18 +114,19 @@ def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
     path = tmp_path / "zero2.yaml"
     # 2 x DP 2 = the reference's 4 micro-batches per step
     path.write_text(
-        f"deepspeed: {ROOT / 'ds_configs' / 'cpu_zero2.json'}\ngrad_accum: 2\nwandb_mode: disabled\n"
+        f"deepspeed: {ROOT / 'ds_configs' / 'cpu_zero2.json'}\ngrad_accum: 2\nwandb_mode: offline\n"
     )
     out = tmp_path / "p1"
     train(2, prepared_dir, out, "--config", str(path), "--max-steps", STEPS, "--eval-every", "4",
-          stages=1, config=None)  # fmt: skip
+          "--wandb-artifacts", "saves", "--save-every", "4", stages=1, config=None)  # fmt: skip
     recorded = json.loads((out / "config.json").read_text())
     assert recorded["deepspeed"]["gradient_accumulation_steps"] == recorded["train"]["grad_accum"] == 2
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got.keys() == ref.keys()
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=2e-5, abs=2e-5), s
-    assert not (out / "wandb").exists()
+    check_samples(out, [4, 8])  # P = 1: the samples are rank 0's own replica's
+    check_wandb_run(out, [4, 8], tmp_path, saved=(4, 8))
 
 
 def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference_run, pp2_dp2_run):
@@ -95,6 +147,7 @@ def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(prepared_dir, tmp_path
         out = tmp_path / f"tied_p{stages}"
         train(stages, prepared_dir, out, *common, stages=stages)
         runs[stages] = {m["step"]: m for m in metrics(out) if "train/loss" in m}
+        assert not (out / "wandb").exists() and not (out / "plots").exists()  # W&B disabled, --plots false
     assert sorted(runs[2]) == [1, 2, 3]
     for s, m in runs[1].items():
         for key in ("train/loss", "train/grad_norm"):
@@ -120,6 +173,8 @@ def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run,
     assert "as recorded in step_00000006" in p.stderr, "a resumed run must keep its stage split"
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got == ref, "resumed run diverged from the uninterrupted one"
+    # samples too: samples.jsonl cut back to the checkpoint on each resume, the rest taken again
+    assert samples(out) == samples(reference_run[0])
 
 
 def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir, tmp_path):

@@ -101,6 +101,9 @@ def test_hf_style_deepspeed_flag_is_the_config_path():
         (["--data", "d", "--keep-last", "0"], "--keep-last"),
         (["--data", "d", "--lr", "0"], "--lr: must be > 0"),
         (["--data", "d", "--grad-accum", "0"], "--grad-accum: must be >= 1"),
+        (["--data", "d", "--wandb-artifacts", "all"], "--wandb-artifacts"),
+        (["--data", "d", "--samples", "-1"], "--samples"),
+        (["--data", "d", "--sample-tokens", "0"], "--sample-tokens"),
     ],
 )
 def test_bad_values_name_the_flag(argv, needle):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.training.tracking import Tracker, resolve_wandb_mode
+from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
 
 
 @pytest.mark.parametrize(
@@ -33,3 +33,15 @@ def test_disabled_tracker_still_writes_jsonl(tmp_path):
     rec = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert rec == {"step": 3, "train/loss": 1.5, "train/grad_norm": "nan"}
     assert not (tmp_path / "wandb").exists()
+
+
+def test_samples_jsonl_is_written_without_wandb_and_cut_back_on_resume(tmp_path):
+    t = Tracker(tmp_path, project="p", mode="disabled", name="n", config={}, resume_id=None)
+    for step, text in ((4, "é\n"), (8, "later")):
+        t.log_samples([{"prompt": "p", "text": text, "tokens": [5, 6], "stop": "length", "row": 0}], step)
+    t.log_metrics({"train/loss": 1.0}, step=8)
+    t.close()
+    assert truncate_metrics(tmp_path, 6) == 8  # a resume from step 6: both files keep steps <= 6 only
+    rows = [json.loads(ln) for ln in (tmp_path / "samples.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows == [{"step": 4, "prompt": "p", "text": "é\n", "stop": "length"}]
+    assert (tmp_path / "metrics.jsonl").read_text() == ""

@@ -14,6 +14,8 @@ LrDecay = Literal["cosine", "linear", "constant"]
 WandbMode = Literal["online", "offline", "disabled"]
 LR_DECAYS = typing.get_args(LrDecay)
 WANDB_MODES = typing.get_args(WandbMode)
+WandbArtifacts = Literal["none", "final", "saves"]
+WANDB_ARTIFACTS = typing.get_args(WandbArtifacts)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,6 +86,19 @@ class TrainConfig:
     """online, offline or disabled. Default: $WANDB_MODE, else online with an API key, else offline."""
     wandb_run_name: str | None = None
     """Run name shown in W&B (default: the run directory's name)."""
+    wandb_artifacts: WandbArtifacts = "final"
+    """Model artifacts logged to W&B (an export: safetensors weights, config, tokenizer; a third to a quarter
+    of a checkpoint, which also holds optimizer state): none, final (the last step's, alias "final"), or
+    saves (one version per checkpoint save, aliases "step-N")."""
+    samples: int = 4
+    """Texts sampled per prompt at each validation (rank 0, from the whole model; written to samples.jsonl
+    and a W&B table). 0: none."""
+    sample_tokens: int = 128
+    """New tokens per sample (fewer at end of document)."""
+    sample_prompts: str | None = None
+    """File with one prompt per line for the samples (default: one empty prompt, a document's start)."""
+    plots: bool = True
+    """Write PNG plots of metrics.jsonl to <out>/plots/ (matplotlib) at each validation and at the end."""
     deterministic: bool = True
     """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU."""
     progress: bool = True
@@ -132,6 +147,13 @@ class TrainConfig:
         )
         need(self.dist_timeout_s > 0, "dist_timeout_s", f"must be > 0 seconds, got {self.dist_timeout_s}")
         need(self.max_consecutive_skips >= 1, "max_consecutive_skips", "must be >= 1")
+        need(
+            self.wandb_artifacts in WANDB_ARTIFACTS,
+            "wandb_artifacts",
+            f"must be one of {', '.join(WANDB_ARTIFACTS)}, got {self.wandb_artifacts!r}",
+        )
+        need(self.samples >= 0, "samples", f"must be >= 0, got {self.samples}")
+        need(self.sample_tokens >= 1, "sample_tokens", f"must be >= 1, got {self.sample_tokens}")
         need(
             self.wandb_mode is None or self.wandb_mode in WANDB_MODES,
             "wandb_mode",

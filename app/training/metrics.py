@@ -26,6 +26,7 @@ class StepStats:
     lr: float
     grad_norm: float | None
     tokens: int
+    tokens_seen: int  # every step's tokens so far, this one's included (kept across a resume)
     padded: int
     num_bytes: int
     seconds: float
@@ -75,6 +76,7 @@ class StepLogger:
             "train/skipped_steps": s.skipped_total,
             "train/mfu": self.flops_tok * s.tokens / s.seconds / self.peak_all,
             "train/epoch": s.step / self.spe,
+            "train/tokens": s.tokens_seen,
         }
         self.tracker.log_metrics(metrics, s.step)
         if self.bar is not None:

@@ -1,4 +1,10 @@
-"""Run tracking on rank 0: a metrics.jsonl file always, Weights & Biases when it can (never fatal)."""
+"""Run tracking on rank 0: metrics.jsonl and samples.jsonl always, Weights & Biases when it can (never fatal).
+
+W&B gets the resolved run config (config.json) as its config, every metric, a table of the samples taken
+at each validation, and model artifacts (exports). Artifact files are staged, as W&B does before an
+upload, under the run's own wandb/ folder (`WANDB_DATA_DIR`, unless set): a model-sized copy belongs with
+the run, not in a home directory that may have a small quota.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +41,11 @@ def resolve_wandb_mode(flag: str | None) -> str:
     return "offline"
 
 
+SAMPLES_FILE = "samples.jsonl"
+SAMPLE_FIELDS = ("prompt", "text", "stop")
+SAMPLE_COLUMNS = ["step", "prompt", "text", "new_tokens", "stop"]
+
+
 class Tracker:
     """Writes every logged dict to `<run>/metrics.jsonl` and, if enabled, to W&B."""
 
@@ -51,11 +62,13 @@ class Tracker:
     ):
         self.log = get_logger()
         self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self.samples_path = run_dir / SAMPLES_FILE
         self.run = None
         self.mode = mode
         if mode == "disabled":
             return
         os.environ.setdefault("WANDB_SILENT", "true")
+        os.environ.setdefault("WANDB_DATA_DIR", str(run_dir / "wandb"))
         try:
             import wandb
 
@@ -112,6 +125,43 @@ class Tracker:
                 )
                 self.run = None
 
+    def log_samples(self, rows: list[dict], step: int) -> None:
+        """Sampled texts: appended to samples.jsonl, and one W&B table per validation (step, prompt, text)."""
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            for r in rows:
+                f.write(
+                    json.dumps({"step": step, **{k: r[k] for k in SAMPLE_FIELDS}}, ensure_ascii=False) + "\n"
+                )
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            data = [[step, r["prompt"], r["text"], len(r["tokens"]), r["stop"]] for r in rows]
+            self.run.log({"samples": wandb.Table(columns=SAMPLE_COLUMNS, data=data)}, step=step)
+        except Exception as e:
+            self.log.warning(
+                f"W&B samples table failed ({e.__class__.__name__}: {e}); kept in {SAMPLES_FILE}"
+            )
+
+    def log_model(self, folder: Path, aliases: list[str], metadata: dict) -> bool:
+        """`folder` (an export) as version of the run's model artifact "model-<run id>". Never fatal.
+
+        The files are copied to W&B's staging folder before this returns, so `folder` may then be removed.
+        """
+        if self.run is None:
+            return False
+        try:
+            import wandb
+
+            art = wandb.Artifact(f"model-{self.run.id}", type="model", metadata=metadata)
+            art.add_dir(str(folder))
+            self.run.log_artifact(art, aliases=aliases)
+            return True
+        except Exception as e:
+            self.log.warning(f"W&B model artifact failed ({e.__class__.__name__}: {e}); training goes on")
+            return False
+
     def summary(self, values: dict) -> None:
         if self.run is not None:
             with contextlib.suppress(Exception):
@@ -127,12 +177,18 @@ class Tracker:
 
 
 def truncate_metrics(run_dir: Path, step: int) -> int:
-    """On resume, drop metrics.jsonl records of steps after the checkpoint: the resumed run writes them again.
+    """On resume, drop metrics.jsonl and samples.jsonl records of steps after the checkpoint: the resumed
+    run writes them again.
 
     A line that is not a JSON object (the half-written last line of a killed run) is dropped with a
-    warning. Returns the highest step the file had recorded (0 for none), so W&B can be rewound to match.
+    warning. Returns the highest step metrics.jsonl had recorded (0 for none), so W&B can be rewound to match.
     """
-    path = run_dir / "metrics.jsonl"
+    truncate_jsonl(run_dir / SAMPLES_FILE, step)
+    return truncate_jsonl(run_dir / "metrics.jsonl", step)
+
+
+def truncate_jsonl(path: Path, step: int) -> int:
+    """Keep the records of `path` up to `step`; returns the highest step it held (0 for none)."""
     if not path.exists():
         return 0
     keep, bad, last = [], [], 0

@@ -29,17 +29,22 @@ from app.common.files import atomic_write
 from app.common.logs import setup_logging
 from app.model.config import flops_per_token
 from app.parallel.engine import Engine
+from app.parallel.gather import gather_full_state
 from app.parallel.layout import DeepSpeedJson, engine_config
 from app.parallel.precision import check_precision
 from app.parallel.runtime import init_distributed, seed_everything, set_threads
+from app.training.artifacts import log_model_artifact
 from app.training.batching import collate
 from app.training.config import TrainConfig
 from app.training.evaluation import evaluate
 from app.training.metrics import StepLogger, StepStats
 from app.training.peak_flops import measure_matmul_peak
 from app.training.plan import open_inputs, plan_run
+from app.training.plots import plot_run
+from app.training.samples import read_prompts, sample_texts
 from app.training.schedule import lr_multiplier
 from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
+from data_prep.tokenizer import load_tokenizer
 
 EXIT_NON_FINITE = 3  # the exit status when too many consecutive steps were skipped
 
@@ -51,6 +56,7 @@ class TrainState:
     step: int = 0
     skipped_total: int = 0
     consecutive_skips: int = 0
+    tokens: int = 0  # tokens trained on so far (real ones, pads excluded)
     wandb_id: str | None = None
     last_saved: int = -1
 
@@ -61,6 +67,8 @@ class Trainer:
         self.log = setup_logging(cfg.verbose)
         # before any process group: bad data or a bad model config fails in a second
         self.data, self.model_cfg = open_inputs(cfg, model_overrides)
+        self.sample_prompts = read_prompts(cfg.sample_prompts) if cfg.samples else []
+        self._sample_tokenizer = None
         init_distributed(cfg.dist_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.threads = set_threads()
@@ -184,6 +192,7 @@ class Trainer:
         self.state = TrainState(
             step=saved["step"],
             skipped_total=saved["skipped_total"],
+            tokens=saved.get("tokens", 0),  # absent in checkpoints written before it was recorded
             wandb_id=saved.get("wandb_id"),
             last_saved=saved["step"],
         )
@@ -251,6 +260,7 @@ class Trainer:
         loss = self.engine.train_step(batches, tokens, nan=faults.nan_at(st.step + 1))
         dt = time.perf_counter() - t0
         st.step += 1
+        st.tokens += tokens
         applied = self.engine.step_applied() and math.isfinite(loss)
         st.consecutive_skips = 0 if applied else st.consecutive_skips + 1
         st.skipped_total += 0 if applied else 1
@@ -267,6 +277,7 @@ class Trainer:
                 lr=lr,
                 grad_norm=self.engine.grad_norm(),
                 tokens=tokens,
+                tokens_seen=st.tokens,
                 padded=sum(mb.padded for mb in global_mbs),
                 num_bytes=sum(mb.num_bytes for mb in global_mbs),
                 seconds=dt,
@@ -289,7 +300,50 @@ class Trainer:
             self.tracker.log_metrics(out, step)
         if not math.isfinite(res.loss):
             raise RuntimeError(f"{prefix} loss is not finite ({res.loss}) at step {step}")
+        if prefix == "val":
+            self._sample()
+            self._plot()
         return out
+
+    def _sample(self) -> None:
+        """Every rank: the weights gathered to rank 0, which samples texts and logs them (never fatal)."""
+        if not self.cfg.samples:
+            return
+        state = gather_full_state(self.engine)  # a collective: every rank, every layout
+        if self.rank != 0:
+            return
+        cfg, t0 = self.cfg, time.perf_counter()
+        try:
+            if self._sample_tokenizer is None:
+                self._sample_tokenizer = load_tokenizer(
+                    self.data.tokenizer, self.data.prepared.tokenizer_path
+                )
+            rows = sample_texts(
+                state,
+                self.model_cfg,
+                self._sample_tokenizer,
+                self.sample_prompts,
+                num_samples=cfg.samples,
+                max_new_tokens=cfg.sample_tokens,
+                seed=cfg.seed,
+            )
+            self.tracker.log_samples(rows, self.state.step)
+        except Exception as e:  # samples are a view of the run, not part of it
+            self.log.warning(f"samples @ step {self.state.step} failed ({e.__class__.__name__}: {e})")
+            return
+        self.log.info(
+            f"samples @ step {self.state.step}: {len(rows)} in {time.perf_counter() - t0:.1f}s "
+            f"({self.run_dir / 'samples.jsonl'}); first: {(rows[0]['prompt'] + rows[0]['text'])[:100]!r}"
+        )
+
+    def _plot(self) -> None:
+        """Rank 0: redraw <out>/plots/*.png from metrics.jsonl (a drawing failure costs only the pictures)."""
+        if self.rank != 0 or not self.cfg.plots:
+            return
+        try:
+            plot_run(self.run_dir)
+        except Exception as e:
+            self.log.warning(f"plots not written ({e.__class__.__name__}: {e})")
 
     def save(self) -> None:
         """A complete checkpoint of this step on every rank, committed by rank 0 once all have written."""
@@ -309,6 +363,7 @@ class Trainer:
             app_state = {
                 "step": st.step,
                 "skipped_total": st.skipped_total,
+                "tokens": st.tokens,
                 "sampler": self.data.schedule("train").fingerprint(),
                 "wandb_id": st.wandb_id,
                 "config": self.resolved,
@@ -327,6 +382,17 @@ class Trainer:
         run_on_all_ranks(write, self.root, tag, self.engine.device)
         run_on_all_ranks(commit, self.root, tag, self.engine.device)
         st.last_saved = st.step
+        if self.rank == 0:
+            self._log_model(tag)
+
+    def _log_model(self, tag: str) -> None:
+        """Rank 0: the checkpoint just saved, exported, as a W&B model artifact (--wandb-artifacts)."""
+        mode, last = self.cfg.wandb_artifacts, self.state.step >= self.total_steps
+        if mode == "none" or (mode == "final" and not last) or self.tracker.run is None:
+            return
+        aliases = [f"step-{self.state.step}", *(["final"] if last else [])]
+        if log_model_artifact(self.tracker, self.run_dir, self.root / tag, aliases):
+            self.log.info(f"W&B model artifact model-{self.tracker.run_id} ({', '.join(aliases)}) from {tag}")
 
     # ---- the end
     def finish(self) -> int:
@@ -358,5 +424,6 @@ class Trainer:
                 f"the learning rate or check the data. Last good checkpoint: "
                 f"{ckpt.find_resume_tag(self.root, None) or 'none'}"
             )
+            self._plot()
             self.tracker.close()
         return EXIT_NON_FINITE

@@ -1,0 +1,37 @@
+"""Overlay the metrics of one or more runs in one figure (no W&B needed: each run's metrics.jsonl).
+
+    python app/plot.py runs/small runs/medium --out compare.png
+
+Panels: train loss and validation bits/byte against tokens seen (comparable across batch sizes),
+learning rate and throughput against steps. A run's own plots are in <run>/plots/ (written by training).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import the repo, not app/
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse
+import logging
+
+from app.common.errors import exit_on_user_error
+from app.training.plots import plot_runs
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="A run directory (or its metrics.jsonl file).")
+    p.add_argument("--out", default="runs.png", help="PNG file to write (default: runs.png).")
+    args = p.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
+    curves = plot_runs(args.runs, Path(args.out))
+    print(f"{len(curves)} run(s) plotted to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
