@@ -123,7 +123,8 @@ class EncodeFn:
         starts = np.repeat(doc_start, n_chunks) + k * L
         ends = np.minimum(starts + L, np.repeat(doc_end, n_chunks))
 
-        cum = np.concatenate([[0], np.cumsum(tok.token_bytes[flat])])
+        cum = np.zeros(len(flat) + 1, np.int64)  # cum[i]: bytes of the first i tokens
+        np.cumsum(tok.token_bytes[flat], out=cum[1:])
         got = cum[doc_end] - cum[doc_start]
         if not np.array_equal(got, doc_bytes):
             i = int(np.flatnonzero(got != doc_bytes)[0])
@@ -139,18 +140,24 @@ class EncodeFn:
         else:
             code = np.repeat(doc_split, n_chunks)
         tables, docs = [], np.zeros(N_SPLITS, np.int64)
+        present = np.bincount(code, minlength=N_SPLITS) > 0
+        # the chunks tile ``flat`` in order, so a split's ids are the tokens whose chunk has its code
+        token_code = np.repeat(code, lengths) if present.sum() > 1 else None  # (tokens,) int8
         for c in range(N_SPLITS):
             idx = np.flatnonzero(code == c)
             docs[c] = len(np.unique(doc_of_chunk[idx]))
-            s, e = starts[idx], ends[idx]
-            n = e - s
-            offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-            # gather the selected chunks' ids into one buffer: position p of chunk j is s[j] + p
-            gather = np.repeat(s - offsets[:-1], n) + np.arange(int(n.sum()))
+            offsets = np.zeros(len(idx) + 1, np.int32)
+            np.cumsum(lengths[idx], out=offsets[1:])
+            if not present[c]:
+                ids = flat[:0]
+            elif token_code is None:
+                ids = flat  # every chunk is in this split
+            else:
+                ids = flat[token_code == c]
             tables.append(
                 pa.Table.from_arrays(
                     [
-                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat[gather])),
+                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
                         pa.array(lengths[idx]),
                         pa.array(num_bytes[idx].astype(np.int64)),
                         pa.array(doc_ids[doc_of_chunk[idx]]),
