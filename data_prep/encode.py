@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from data_prep import documents
+from data_prep import documents, readers
 from data_prep.splits import SPLIT_CODES, code_of
 from data_prep.tokenizer import Tokenizer
 
@@ -40,10 +40,11 @@ class LossyTokenizerError(RuntimeError):
 
 @dataclass(slots=True)
 class Block:
-    """Records handed to one worker call, as read (the main process only reads; workers check and hash)."""
+    """Records handed to one worker call, as read (the main process only reads; workers parse, check and hash)."""
 
     texts: list[str | None]
     eos: list[bool]  # the document ends here (not a cut part of a longer one)
+    rows: list[bool]  # the text is a JSON Lines row still to parse (``readers.parse_row``)
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class EncodeFn:
         max_seq_len: int,
         *,
         seed: int,
+        text_field: str,
         fractions: tuple[float, float],
         moves: dict[float, int],
         segments: bool,
@@ -85,11 +87,20 @@ class EncodeFn:
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.seed, self.fractions, self.moves = seed, fractions, moves
+        self.text_field = text_field
         self.segments = segments  # contiguous segments per document instead of whole documents per split
+
+    def _records(self, block: Block):
+        for text, eos, row in zip(block.texts, block.eos, block.rows):
+            if row:
+                text, reason = readers.parse_row(text, self.text_field)
+                if reason:
+                    continue  # counted by the scan
+            yield text, "", 0, 0, eos
 
     def _documents(self, block: Block):
         texts, doc_id, num_bytes, split, eos = [], [], [], [], []
-        records = ((t, "", 0, 0, e) for t, e in zip(block.texts, block.eos))
+        records = self._records(block)
         for text, reason, d, u, n, e, _, _ in documents.check(records, self.seed):
             if reason:
                 continue  # counted by the scan

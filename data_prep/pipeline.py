@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep import buckets, documents, pieces, shards, sources, splits
+from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
@@ -199,23 +199,27 @@ def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
 
 def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block | None]:
     """Records in blocks of about --block-mb characters (the first ``skip`` blocks as None: already written).
-    Records the reader already rejected are dropped here; workers apply the remaining rules."""
+    Records the reader already rejected are dropped here; workers parse JSON Lines rows and apply the
+    remaining rules."""
     limit = int(cfg.block_mb * 1e6)
     texts: list[str | None] = []
     eos: list[bool] = []
+    rows: list[bool] = []
     size = index = 0
-    for text, reason, _, _, end in srcs.records():
-        if reason or text is None:
+    for text, reason, _, _, end in srcs.records(parse_json=False):
+        row = reason == readers.UNPARSED
+        if (reason and not row) or text is None:
             continue
         if index >= skip:
             texts.append(text)
             eos.append(end)
+            rows.append(row)
         size += len(text) + 1
         if size >= limit:
-            yield Block(texts, eos) if index >= skip else None
-            texts, eos, size, index = [], [], 0, index + 1
+            yield Block(texts, eos, rows) if index >= skip else None
+            texts, eos, rows, size, index = [], [], [], 0, index + 1
     if size:
-        yield Block(texts, eos) if index >= skip else None
+        yield Block(texts, eos, rows) if index >= skip else None
 
 
 _WORKER: tuple[EncodeFn, Path] | None = None
@@ -371,6 +375,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         tok,
         cfg.max_seq_len,
         seed=cfg.seed,
+        text_field=cfg.text_field,
         fractions=(cfg.val_fraction, cfg.test_fraction),
         moves={u: code for u, code in scan["moves"]},
         segments=scan["split_mode"] == "segments",

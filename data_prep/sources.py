@@ -68,8 +68,9 @@ class Sources:
         h.update(hashlib.blake2b("\0".join(self.topics).encode(), digest_size=16).digest())
         return h.hexdigest()
 
-    def records(self) -> Iterator[Record]:
-        """Every record of every input, in a fixed order; warns once per file with invalid UTF-8."""
+    def records(self, parse_json: bool = True) -> Iterator[Record]:
+        """Every record of every input, in a fixed order; warns once per file with invalid UTF-8.
+        ``parse_json=False``: JSON Lines rows come unparsed (``readers.UNPARSED``)."""
         cfg = self.cfg
         if cfg.hub:
             for text, reason, line, eos in hub.hub_records(
@@ -87,7 +88,7 @@ class Sources:
                 it = (
                     readers.text_records(path, doc_split, utf8)
                     if fmt == "text"
-                    else readers.json_records(path, cfg.text_field, utf8)
+                    else readers.json_records(path, cfg.text_field, utf8, parse_json)
                 )
                 for text, reason, line, eos in it:
                     yield text, reason, idx, line, eos
