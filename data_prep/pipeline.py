@@ -14,6 +14,7 @@ one length histogram. A rerun of a killed run resumes after the last finished sh
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import itertools
@@ -311,6 +312,13 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     created = not cfg.out.exists()
     try:
         return _run(cfg, command)
+    except OSError as exc:  # in this process or a worker's (the pool raises it again here)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"{cfg.out}: no space left on device ({exc.strerror}); finished shard groups are kept: "
+            "free some space and rerun the same command to resume"
+        ) from exc
     except UserError:
         manifest = cfg.out / MANIFEST_FILE
         if created and manifest.is_file() and not json.loads(manifest.read_text())["groups"]:
@@ -334,12 +342,6 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     )
     samples = None
     scan = manifest.get("scan")
-    if (
-        scan is not None
-        and (was := shards.read_inputs(out))
-        and [f["mtime_ns"] for f in was] != [f["mtime_ns"] for f in inputs]
-    ):
-        log.info("input files have new modification times, but the same sizes and sampled content")
     t_scan = time.perf_counter()
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
         scan, samples = _scan(cfg, srcs)

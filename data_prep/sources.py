@@ -46,17 +46,14 @@ class Sources:
     bad_utf8: set[int] = field(default_factory=set)  # file indices that needed replacement characters
 
     def fingerprints(self) -> list[dict]:
-        """Per input file: name, format, size, a digest of sampled content, and (not compared) mtime."""
+        """Per input file: name, format, size and a digest of sampled content (no mtime: see _sample_digest)."""
         out = []
         for idx, path, fmt in self.files:
             try:
                 size, sample = _sample_digest(path)
-                mtime = path.stat().st_mtime_ns
             except OSError as exc:
                 raise UserError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
-            out.append(
-                {"name": self.names[idx], "format": fmt, "bytes": size, "sample": sample, "mtime_ns": mtime}
-            )
+            out.append({"name": self.names[idx], "format": fmt, "bytes": size, "sample": sample})
         return out
 
     def key(self, fingerprints: list[dict]) -> str:
