@@ -3,11 +3,13 @@
 1. *Scan*: read every record, apply the skip rules, hash each document (its split), count, and keep a
    bounded seeded sample for SentencePiece (the train documents with the smallest split hash, up to
    ``--tokenizer-train-mb``, so the sample spreads over the whole corpus). Nothing else is kept.
-2. *Encode*: read again, group documents into blocks of about ``--block-mb``, encode the blocks in
-   ``--num-proc`` worker processes (at most two blocks per worker in flight), and append the results,
-   in input order, to Arrow shard groups that are closed, hashed and recorded as they fill (``shards``).
+2. *Encode*: read again, group records into blocks of about ``--block-mb``, encode the blocks in
+   ``--num-proc`` worker processes (at most two blocks per worker in flight; each worker writes its
+   block's serialised examples to a spool file and hands back only counts, ``pieces``), and append the
+   results, in input order, to Arrow shard groups that are closed, hashed and recorded as they fill
+   (``shards``). The parent only reads, dispatches and appends: the serial part, kept small.
 
-Blocks are cut by size alone and results are written in input order, so the output bytes are the
+Blocks are cut by size alone and results are appended in input order, so the output bytes are the
 same for any ``--num-proc``. Peak memory is a few blocks per process plus the tokenizer sample and
 one length histogram. A rerun of a killed run resumes after the last finished shard group.
 """
