@@ -113,7 +113,8 @@ def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path, capsys):
         }
         return lines[0]
 
-    data = bytearray(src.read_bytes())
+    original = src.read_bytes()
+    data = bytearray(original)
     data[1000:1003] = b"XYZ" if data[1000:1003] != b"XYZ" else b"ABC"  # same size, same mtime
     src.write_bytes(bytes(data))
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
@@ -124,6 +125,17 @@ def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path, capsys):
     assert f"was {len(data)} bytes, now {len(data) + 14}; --max-seq-len was 256, now 128)" in refused(
         "--max-seq-len", "128"
     )
+    # an edit the samples miss (same size, between the last two sampled windows, in blocks not yet
+    # encoded) that changes the text's byte count: refused at the end, where the bytes must add up
+    from data_prep.sources import SAMPLE_EDGE, SAMPLE_WINDOW, SAMPLE_WINDOWS
+
+    span = len(original) - 2 * SAMPLE_EDGE - SAMPLE_WINDOW
+    cut = original.index(b"\n", len(original) - SAMPLE_EDGE - span // (2 * (SAMPLE_WINDOWS - 1)))
+    src.write_bytes(original[:cut] + b" " + original[cut + 1 :])  # two lines become one
+    capsys.readouterr()
+    assert prep_main([*cmd[3:5], "--out", str(copy), *cmd[7:], "--quiet"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "the input changed while data_prep was reading it" in lines[0], lines
 
 
 @needs_book
