@@ -11,7 +11,8 @@ times the input). Workers used to send them back through the pool's pipe, and th
 time receiving, unpickling and re-serialising them while the workers waited to send: more workers
 ran slower. Now a worker serialises its block and writes it to a spool file; only the counts and
 the spool file's offsets travel back, and the parent moves the bytes with ``os.copy_file_range``
-(a copy inside the kernel; a clone on file systems with reflinks).
+(a copy inside the kernel, page cache to page cache; a spool file deleted soon enough is never
+written to the disk).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import pyarrow as pa
 from data_prep.encode import Encoded
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
-N_SPLITS = 3
 
 
 @dataclass(slots=True)
@@ -72,17 +72,16 @@ def spill(piece: Piece, path: Path) -> Piece:
     return piece
 
 
-def append(piece: Piece, split: int, dst: int) -> int:
-    """Append the messages of ``split`` to the open file descriptor ``dst``; returns the bytes written."""
+def append(piece: Piece, split: int, dst: int) -> None:
+    """Append the messages of ``split`` to the open file descriptor ``dst``."""
     if piece.spool is None:
         for m in piece.data[split]:
-            write_all(dst, memoryview(m))
-        return sum(m.size for m in piece.data[split])
+            write_all(dst, m)
+        return
     offset, length = piece.ranges[split]
     if length:
         with open(piece.spool, "rb") as src:
             _copy(src.fileno(), dst, offset, length)
-    return length
 
 
 def release(piece: Piece) -> None:
@@ -105,7 +104,7 @@ def _copy(src: int, dst: int, offset: int, length: int) -> None:
         chunk = os.pread(src, min(end - offset, 1 << 22), offset)
         if not chunk:
             raise OSError(f"spool file ended early at byte {offset} of {end}")
-        write_all(dst, memoryview(chunk))
+        write_all(dst, chunk)
         offset += len(chunk)
 
 
