@@ -66,7 +66,7 @@ class Sources:
         return h.hexdigest()
 
     def records(self, parse_json: bool = True) -> Iterator[Record]:
-        """Every record of every input, in a fixed order; warns once per file with invalid UTF-8.
+        """Every record of every input, in a fixed order; warns once per run per file with invalid UTF-8.
         ``parse_json=False``: JSON Lines rows come unparsed (``readers.UNPARSED``)."""
         cfg = self.cfg
         if cfg.hub:
@@ -89,7 +89,7 @@ class Sources:
                 )
                 for text, reason, line, eos in it:
                     yield text, reason, idx, line, eos
-                if utf8.first_bad is not None:
+                if utf8.first_bad is not None and idx not in self.bad_utf8:  # once per run, not per pass
                     self.bad_utf8.add(idx)
                     warned += 1
                     if warned <= 5:

@@ -70,11 +70,13 @@ def _docs_by_id(out: Path) -> dict[int, str]:
     return {k: tok.decode(v) for k, v in docs.items()}
 
 
-def test_hostile_corpus_counts_and_loses_nothing(tmp_path):
+def test_hostile_corpus_counts_and_loses_nothing(tmp_path, capsys):
     good = _hostile_corpus(tmp_path / "in")
     out = tmp_path / "out"
     args = ["--input", str(tmp_path / "in"), "--out", str(out), "--tokenizer", "byte", "--max-seq-len", "8"]
     assert prep_main([*args, "--val-fraction", "0.2", "--test-fraction", "0.2", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("latin1.txt:1: invalid UTF-8 at byte 3") == 1, err  # warned once, not once per pass
     meta = load_prepared(out).meta
     assert {k: v for k, v in meta["skipped"].items() if v} == EXPECTED_SKIPS
     assert meta["documents"]["repaired_invalid_utf8"] == 1
