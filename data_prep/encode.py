@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from data_prep import documents
+from data_prep import documents, readers
 from data_prep.splits import SPLIT_CODES, code_of
 from data_prep.tokenizer import Tokenizer
 
@@ -40,10 +40,11 @@ class LossyTokenizerError(RuntimeError):
 
 @dataclass(slots=True)
 class Block:
-    """Records handed to one worker call, as read (the main process only reads; workers check and hash)."""
+    """Records handed to one worker call, as read (the main process only reads; workers parse, check and hash)."""
 
     texts: list[str | None]
     eos: list[bool]  # the document ends here (not a cut part of a longer one)
+    rows: list[bool]  # the text is a JSON Lines row still to parse (``readers.parse_row``)
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class EncodeFn:
         max_seq_len: int,
         *,
         seed: int,
+        text_field: str,
         fractions: tuple[float, float],
         moves: dict[float, int],
         segments: bool,
@@ -85,11 +87,20 @@ class EncodeFn:
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.seed, self.fractions, self.moves = seed, fractions, moves
+        self.text_field = text_field
         self.segments = segments  # contiguous segments per document instead of whole documents per split
+
+    def _records(self, block: Block):
+        for text, eos, row in zip(block.texts, block.eos, block.rows):
+            if row:
+                text, reason = readers.parse_row(text, self.text_field)
+                if reason:
+                    continue  # counted by the scan
+            yield text, "", 0, 0, eos
 
     def _documents(self, block: Block):
         texts, doc_id, num_bytes, split, eos = [], [], [], [], []
-        records = ((t, "", 0, 0, e) for t, e in zip(block.texts, block.eos))
+        records = self._records(block)
         for text, reason, d, u, n, e, _, _ in documents.check(records, self.seed):
             if reason:
                 continue  # counted by the scan
@@ -123,7 +134,8 @@ class EncodeFn:
         starts = np.repeat(doc_start, n_chunks) + k * L
         ends = np.minimum(starts + L, np.repeat(doc_end, n_chunks))
 
-        cum = np.concatenate([[0], np.cumsum(tok.token_bytes[flat])])
+        cum = np.zeros(len(flat) + 1, np.int64)  # cum[i]: bytes of the first i tokens
+        np.cumsum(tok.token_bytes[flat], out=cum[1:])
         got = cum[doc_end] - cum[doc_start]
         if not np.array_equal(got, doc_bytes):
             i = int(np.flatnonzero(got != doc_bytes)[0])
@@ -139,18 +151,24 @@ class EncodeFn:
         else:
             code = np.repeat(doc_split, n_chunks)
         tables, docs = [], np.zeros(N_SPLITS, np.int64)
+        present = np.bincount(code, minlength=N_SPLITS) > 0
+        # the chunks tile ``flat`` in order, so a split's ids are the tokens whose chunk has its code
+        token_code = np.repeat(code, lengths) if present.sum() > 1 else None  # (tokens,) int8
         for c in range(N_SPLITS):
             idx = np.flatnonzero(code == c)
             docs[c] = len(np.unique(doc_of_chunk[idx]))
-            s, e = starts[idx], ends[idx]
-            n = e - s
-            offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-            # gather the selected chunks' ids into one buffer: position p of chunk j is s[j] + p
-            gather = np.repeat(s - offsets[:-1], n) + np.arange(int(n.sum()))
+            offsets = np.zeros(len(idx) + 1, np.int32)
+            np.cumsum(lengths[idx], out=offsets[1:])
+            if not present[c]:
+                ids = flat[:0]
+            elif token_code is None:
+                ids = flat  # every chunk is in this split
+            else:
+                ids = flat[token_code == c]
             tables.append(
                 pa.Table.from_arrays(
                     [
-                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat[gather])),
+                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
                         pa.array(lengths[idx]),
                         pa.array(num_bytes[idx].astype(np.int64)),
                         pa.array(doc_ids[doc_of_chunk[idx]]),

@@ -3,7 +3,8 @@
 Layout of ``--out``::
 
     meta.json            counts, tokenizer ids, buckets, source fingerprint, command (written last)
-    manifest.json        every shard file with its size and sha256, and what resuming needs
+    manifest.json        every shard file with its size and XXH3-128 digest, and what resuming needs
+    inputs.json          each input file's name, size and a digest of sampled content (resume checks)
     train/ validation/ test/
                          NNNNN.arrow: Arrow IPC streams (shard groups of about --shard-mb), one row per
                          example, in input order:
@@ -34,6 +35,7 @@ FORMAT_VERSION: int = 2
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.json"
+INPUTS_FILE = "inputs.json"
 TOKENIZER_FILE = "tokenizer.model"
 RERUN_HINT = "re-run `python -m data_prep --out DIR ...` to prepare the data again"
 

@@ -3,23 +3,28 @@
 1. *Scan*: read every record, apply the skip rules, hash each document (its split), count, and keep a
    bounded seeded sample for SentencePiece (the train documents with the smallest split hash, up to
    ``--tokenizer-train-mb``, so the sample spreads over the whole corpus). Nothing else is kept.
-2. *Encode*: read again, group documents into blocks of about ``--block-mb``, encode the blocks in
-   ``--num-proc`` worker processes (at most two blocks per worker in flight), and append the results,
-   in input order, to Arrow shard groups that are closed, hashed and recorded as they fill (``shards``).
+2. *Encode*: read again, group records into blocks of about ``--block-mb``, encode the blocks in
+   ``--num-proc`` worker processes (at most two blocks per worker in flight; each worker writes its
+   block's serialised examples to a spool file and hands back only counts, ``pieces``), and append the
+   results, in input order, to Arrow shard groups that are closed, hashed and recorded as they fill
+   (``shards``). The parent only reads, dispatches and appends: the serial part, kept small.
 
-Blocks are cut by size alone and results are written in input order, so the output bytes are the
+Blocks are cut by size alone and results are appended in input order, so the output bytes are the
 same for any ``--num-proc``. Peak memory is a few blocks per process plus the tokenizer sample and
 one length histogram. A rerun of a killed run resumes after the last finished shard group.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import itertools
 import json
 import logging
 import multiprocessing as mp
+import os
+import resource
 import shutil
 import time
 from collections import Counter, deque
@@ -29,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep import buckets, documents, shards, sources, splits
+from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
@@ -58,11 +63,11 @@ def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
     return tok
 
 
-def _run_key(cfg: PrepConfig, srcs: sources.Sources) -> dict[str, Any]:
+def _run_key(cfg: PrepConfig, srcs: sources.Sources, inputs: list[dict]) -> dict[str, Any]:
     """Everything the output depends on; a resumed run must match it exactly (not --num-proc/--quiet/--out)."""
     model = hashlib.sha256(cfg.tokenizer_model.read_bytes()).hexdigest() if cfg.tokenizer_model else None
     return {
-        "input": srcs.key(),
+        "input": srcs.key(inputs),
         "settings": {
             k: getattr(cfg, k)
             for k in (
@@ -197,59 +202,74 @@ def _rescue(cfg: PrepConfig, scan: dict[str, Any]) -> list[str]:
 
 def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block | None]:
     """Records in blocks of about --block-mb characters (the first ``skip`` blocks as None: already written).
-    Records the reader already rejected are dropped here; workers apply the remaining rules."""
+    Records the reader already rejected are dropped here; workers parse JSON Lines rows and apply the
+    remaining rules."""
     limit = int(cfg.block_mb * 1e6)
     texts: list[str | None] = []
     eos: list[bool] = []
+    rows: list[bool] = []
     size = index = 0
-    for text, reason, _, _, end in srcs.records():
-        if reason or text is None:
+    for text, reason, _, _, end in srcs.records(parse_json=False):
+        row = reason == readers.UNPARSED
+        if (reason and not row) or text is None:
             continue
         if index >= skip:
             texts.append(text)
             eos.append(end)
+            rows.append(row)
         size += len(text) + 1
         if size >= limit:
-            yield Block(texts, eos) if index >= skip else None
-            texts, eos, size, index = [], [], 0, index + 1
+            yield Block(texts, eos, rows) if index >= skip else None
+            texts, eos, rows, size, index = [], [], [], 0, index + 1
     if size:
-        yield Block(texts, eos) if index >= skip else None
+        yield Block(texts, eos, rows) if index >= skip else None
 
 
-_WORKER_FN: EncodeFn | None = None
+_WORKER: tuple[EncodeFn, Path] | None = None
 
 
-def _init_worker(fn: EncodeFn) -> None:
-    global _WORKER_FN
-    _WORKER_FN = fn
+def _init_worker(fn: EncodeFn, spool: Path) -> None:
+    global _WORKER
+    _WORKER = (fn, spool)
 
 
-def _work(block: Block):
-    assert _WORKER_FN is not None
-    return _WORKER_FN(block)
+def _work(index: int, block: Block) -> pieces.Piece:
+    """In a worker: encode, and write the result to a spool file of its own (only counts go back)."""
+    assert _WORKER is not None
+    fn, spool = _WORKER
+    return pieces.spill(pieces.from_encoded(fn(block)), spool / f"{os.getpid()}-{index}")
 
 
-def _encode_stream(fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int) -> Iterator[tuple[int, Any]]:
-    """(blocks consumed, Encoded) in input order; ``num_proc`` > 1: in a pool with a bounded queue."""
+def _encode_stream(
+    fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int, spool: Path
+) -> Iterator[tuple[int, pieces.Piece]]:
+    """(blocks consumed, Piece) in input order; ``num_proc`` > 1: in a pool with a bounded queue, the
+    workers writing their results to files in ``spool`` (the parent only appends those, in order)."""
     if num_proc == 1:
         for i, block in enumerate(blocks):
             if block is not None:
-                yield i + 1, fn(block)
+                yield i + 1, pieces.from_encoded(fn(block))
         return
     # fork: the workers inherit the imported modules; the tokenizer goes in once through the initializer
     ctx = mp.get_context("fork")
-    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(fn,)) as pool:
+    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(fn, spool)) as pool:
         pending: deque = deque()
         for i, block in enumerate(blocks):
             if block is None:
                 continue
-            pending.append((i + 1, pool.apply_async(_work, (block,))))
+            pending.append((i + 1, pool.apply_async(_work, (i, block))))
             if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
                 n, res = pending.popleft()
                 yield n, res.get()
         while pending:
             n, res = pending.popleft()
             yield n, res.get()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the pool's workers, once joined)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | None) -> Tokenizer:
@@ -294,6 +314,13 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     created = not cfg.out.exists()
     try:
         return _run(cfg, command)
+    except OSError as exc:  # in this process or a worker's (the pool raises it again here)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"{cfg.out}: no space left on device ({exc.strerror}); finished shard groups are kept: "
+            "free some space and rerun the same command to resume"
+        ) from exc
     except UserError:
         manifest = cfg.out / MANIFEST_FILE
         if created and manifest.is_file() and not json.loads(manifest.read_text())["groups"]:
@@ -308,7 +335,13 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         _reuse_tokenizer(cfg)  # a bad model fails before any work
     srcs = sources.resolve(cfg)
     out = cfg.out
-    manifest = shards.open_out(out, cfg.overwrite, _run_key(cfg, srcs))
+    inputs = srcs.fingerprints()
+    manifest = shards.open_out(
+        out,
+        cfg.overwrite,
+        _run_key(cfg, srcs, inputs),
+        lambda: sources.describe_change(shards.read_inputs(out), inputs),
+    )
     samples = None
     scan = manifest.get("scan")
     t_scan = time.perf_counter()
@@ -331,7 +364,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         scan["empty_by_hash"] = _rescue(cfg, scan)
     empty_by_hash = scan["empty_by_hash"]
     manifest["scan"] = scan
-    shards.save_manifest(out, manifest)
+    shards.save_manifest(out, manifest, inputs)
     sample = None
     if samples is not None:  # train documents only, unless the corpus is cut into segments
         if scan["split_mode"] == "documents":
@@ -346,18 +379,21 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         tok,
         cfg.max_seq_len,
         seed=cfg.seed,
+        text_field=cfg.text_field,
         fractions=(cfg.val_fraction, cfg.test_fraction),
         moves={u: code for u, code in scan["moves"]},
         segments=scan["split_mode"] == "segments",
     )
     writer = shards.GroupWriter(out, manifest, int(cfg.shard_mb * 1e6), cfg.max_seq_len)
-    t_encode = time.perf_counter()
+    t_encode, cpu_encode, cpu_main = time.perf_counter(), _cpu_s(), time.process_time()
     consumed = skip_blocks
     done_bytes = 0
+    spool = shards.spool_dir(out)
     try:
-        for consumed, encoded in _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc):
-            writer.add(encoded, consumed)
-            done_bytes += sum(int(t.column("num_bytes").to_numpy().sum()) for t in encoded.tables)
+        for consumed, piece in _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc, spool):
+            writer.add(piece, consumed)
+            pieces.release(piece)
+            done_bytes += sum(piece.bytes)
             if consumed % 16 == 0:
                 log.info(
                     "encoded %d blocks (%.0f MB) in %.1f s",
@@ -367,15 +403,28 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
                 )
     except LossyTokenizerError as exc:
         raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
     writer.close(consumed, force=True)
-    encode_s = time.perf_counter() - t_encode
-    log.info("encoded in %.1f s", encode_s)
+    encoded = sum(g["stats"][name]["bytes"] for g in manifest["groups"] for name in SPLITS)
+    if encoded != scan["bytes"]:  # the text differs between the passes (or from the resumed run's scan)
+        raise UserError(
+            f"the input changed while data_prep was reading it: the scan counted {scan['bytes']} bytes of "
+            f"text, the encode pass {encoded}; pass --overwrite to start again"
+        )
+    encode_s, encode_cpu_s = time.perf_counter() - t_encode, _cpu_s() - cpu_encode
+    main_cpu_s = time.process_time() - cpu_main
+    log.info(
+        "encoded in %.1f s (CPU %.1f s, %.1f s of it in the main process)", encode_s, encode_cpu_s, main_cpu_s
+    )
     meta = _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command)
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
         "total_s": time.perf_counter() - t_start,
         "scan_s": scan_s,
         "encode_write_s": encode_s,
+        "encode_cpu_s": encode_cpu_s,
+        "encode_main_cpu_s": main_cpu_s,
     }
     return meta
 

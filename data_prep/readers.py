@@ -232,8 +232,11 @@ def _check_row(obj: object, text_field: str) -> tuple[str | None, str]:
     return value, ""
 
 
-def json_records(path: Path, text_field: str, utf8: Utf8State) -> Iterator[Record]:
-    """JSON Lines rows (blank lines ignored), or the elements of one top-level JSON array."""
+def json_records(path: Path, text_field: str, utf8: Utf8State, parse: bool = True) -> Iterator[Record]:
+    """JSON Lines rows (blank lines ignored), or the elements of one top-level JSON array.
+
+    ``parse=False`` hands JSON Lines rows on unparsed (reason ``UNPARSED``) for ``parse_row`` in a
+    worker process: parsing was the largest cost left in the parent of the encode pass."""
     lines = iter_lines(path, utf8)
     for text, lineno, complete in lines:
         if not text.strip() and complete:
@@ -241,15 +244,27 @@ def json_records(path: Path, text_field: str, utf8: Utf8State) -> Iterator[Recor
         if text.lstrip().startswith("["):
             yield from _json_array(text, lineno, complete, lines, text_field)
             return
-        yield from _jsonl_row(text, lineno, complete, lines, text_field)
+        yield from _jsonl_row(text, lineno, complete, lines, text_field, parse)
         break
     for text, lineno, complete in lines:
         if not text.strip() and complete:
             continue
-        yield from _jsonl_row(text, lineno, complete, lines, text_field)
+        yield from _jsonl_row(text, lineno, complete, lines, text_field, parse)
 
 
-def _jsonl_row(text, lineno, complete, lines, text_field) -> Iterator[Record]:
+UNPARSED = "unparsed"  # the reason of a JSON Lines row handed on as its raw text (parse=False)
+
+
+def parse_row(row: str, text_field: str) -> tuple[str | None, str]:
+    """(text, "") of one JSON Lines row, or (None, skip reason)."""
+    try:
+        obj = json.loads(row)
+    except json.JSONDecodeError:
+        obj = _MALFORMED
+    return _check_row(obj, text_field)
+
+
+def _jsonl_row(text, lineno, complete, lines, text_field, parse) -> Iterator[Record]:
     pieces = [text]
     while not complete:  # one JSON row longer than PART_CHARS: it has to be parsed whole
         nxt = next(lines, None)
@@ -257,11 +272,11 @@ def _jsonl_row(text, lineno, complete, lines, text_field) -> Iterator[Record]:
             break
         text, _, complete = nxt
         pieces.append(text)
-    try:
-        obj = json.loads("".join(pieces))
-    except json.JSONDecodeError:
-        obj = _MALFORMED
-    value, reason = _check_row(obj, text_field)
+    row = "".join(pieces)
+    if not parse:
+        yield row, UNPARSED, lineno, True
+        return
+    value, reason = parse_row(row, text_field)
     yield value, reason, lineno, True
 
 

@@ -1,7 +1,7 @@
 """Turn ``--input`` paths / ``--hub`` / the default corpus into one deterministic stream of records.
 
-``Sources`` resolves the inputs once (names, formats, and a key of their sizes and modification times
-that a resumed run compares); ``records()`` streams ``(text | None, reason, file index, line, ends
+``Sources`` resolves the inputs once (names, formats, and per file its size and a digest of sampled
+content, which a resumed run compares); ``records()`` streams ``(text | None, reason, file index, line, ends
 document)`` through the readers in ``readers``, so nothing holds more than one bounded piece of a file.
 A file with invalid UTF-8 is decoded with replacement characters and warned about (file, line, byte).
 """
@@ -45,18 +45,29 @@ class Sources:
     source: dict = field(default_factory=dict)  # for meta.json
     bad_utf8: set[int] = field(default_factory=set)  # file indices that needed replacement characters
 
-    def key(self) -> str:
-        """Changes when any input file changes (size or modification time) or the input list does."""
+    def fingerprints(self) -> list[dict]:
+        """Per input file: name, format, size and a digest of sampled content (no mtime: see _sample_digest)."""
+        out = []
+        for idx, path, fmt in self.files:
+            try:
+                size, sample = _sample_digest(path)
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
+            out.append({"name": self.names[idx], "format": fmt, "bytes": size, "sample": sample})
+        return out
+
+    def key(self, fingerprints: list[dict]) -> str:
+        """Changes when the input list, a file's size or its sampled content changes (not its mtime)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(repr(sorted(self.source.items())).encode())
-        for _, path, fmt in self.files:
-            st = path.stat()
-            h.update(f"{path.resolve()}|{fmt}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        for f in fingerprints:
+            h.update(f"{f['name']}|{f['format']}|{f['bytes']}|{f['sample']}\n".encode())
         h.update(hashlib.blake2b("\0".join(self.topics).encode(), digest_size=16).digest())
         return h.hexdigest()
 
-    def records(self) -> Iterator[Record]:
-        """Every record of every input, in a fixed order; warns once per file with invalid UTF-8."""
+    def records(self, parse_json: bool = True) -> Iterator[Record]:
+        """Every record of every input, in a fixed order; warns once per run per file with invalid UTF-8.
+        ``parse_json=False``: JSON Lines rows come unparsed (``readers.UNPARSED``)."""
         cfg = self.cfg
         if cfg.hub:
             for text, reason, line, eos in hub.hub_records(
@@ -74,11 +85,11 @@ class Sources:
                 it = (
                     readers.text_records(path, doc_split, utf8)
                     if fmt == "text"
-                    else readers.json_records(path, cfg.text_field, utf8)
+                    else readers.json_records(path, cfg.text_field, utf8, parse_json)
                 )
                 for text, reason, line, eos in it:
                     yield text, reason, idx, line, eos
-                if utf8.first_bad is not None:
+                if utf8.first_bad is not None and idx not in self.bad_utf8:  # once per run, not per pass
                     self.bad_utf8.add(idx)
                     warned += 1
                     if warned <= 5:
@@ -100,6 +111,54 @@ class Sources:
                 yield text, reason, idx, line, eos
         if warned > 5:
             log.warning("... %d more files with invalid UTF-8", warned - 5)
+
+
+SAMPLE_EDGE = 1 << 16  # bytes hashed at each end of a file
+SAMPLE_WINDOWS = 8  # and this many windows spread evenly in between
+SAMPLE_WINDOW = 1 << 12
+
+
+def _sample_digest(path: Path) -> tuple[int, str]:
+    """(size, digest of the file's first and last 64 KiB and 8 windows of 4 KiB between them); small files whole.
+
+    What a resumed run compares instead of reading every input again. Size and mtime alone (make's and
+    rsync's quick check) refuse a corpus that was only copied or touched, which would throw away hours
+    of finished shards, and accept a file rewritten at the same size with its mtime kept (``cp -p``,
+    ``rsync -t``, a re-extracted archive); content samples do neither. What still passes: an edit that
+    keeps the size and misses every window (an edit that changes the text's byte count is caught at
+    the end, where the encoded byte total must equal the scan's)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= 2 * SAMPLE_EDGE + SAMPLE_WINDOWS * SAMPLE_WINDOW:
+            h.update(f.read())
+        else:
+            span = size - 2 * SAMPLE_EDGE - SAMPLE_WINDOW
+            offsets = [0, *(SAMPLE_EDGE + span * k // (SAMPLE_WINDOWS - 1) for k in range(SAMPLE_WINDOWS))]
+            for off in [*offsets, size - SAMPLE_EDGE]:
+                f.seek(off)
+                h.update(f.read(SAMPLE_EDGE if off in (0, size - SAMPLE_EDGE) else SAMPLE_WINDOW))
+    return size, h.hexdigest()
+
+
+def describe_change(was: list[dict] | None, now: list[dict]) -> str:
+    """What differs between the inputs of an unfinished run and this one, for a one-line refusal."""
+    if not was:
+        return "other inputs"
+    old, new = {f["name"]: f for f in was}, {f["name"]: f for f in now}
+    added = [n for n in new if n not in old]
+    removed = [n for n in old if n not in new]
+    if added or removed:
+        parts = [f"{len(added)} added (first {added[0]})"] if added else []
+        parts += [f"{len(removed)} gone (first {removed[0]})"] if removed else []
+        return "input files " + ", ".join(parts)
+    for name, f in new.items():
+        o = old[name]
+        if f["bytes"] != o["bytes"]:
+            return f"input {name} was {o['bytes']} bytes, now {f['bytes']}"
+        if f["sample"] != o["sample"] or f["format"] != o["format"]:
+            return f"input {name} has other content (same size)"
+    return "other inputs"
 
 
 def _fmt_for(path: Path, forced: str) -> str:

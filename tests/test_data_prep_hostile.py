@@ -70,11 +70,13 @@ def _docs_by_id(out: Path) -> dict[int, str]:
     return {k: tok.decode(v) for k, v in docs.items()}
 
 
-def test_hostile_corpus_counts_and_loses_nothing(tmp_path):
+def test_hostile_corpus_counts_and_loses_nothing(tmp_path, capsys):
     good = _hostile_corpus(tmp_path / "in")
     out = tmp_path / "out"
     args = ["--input", str(tmp_path / "in"), "--out", str(out), "--tokenizer", "byte", "--max-seq-len", "8"]
     assert prep_main([*args, "--val-fraction", "0.2", "--test-fraction", "0.2", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("latin1.txt:1: invalid UTF-8 at byte 3") == 1, err  # warned once, not once per pass
     meta = load_prepared(out).meta
     assert {k: v for k, v in meta["skipped"].items() if v} == EXPECTED_SKIPS
     assert meta["documents"]["repaired_invalid_utf8"] == 1
@@ -222,3 +224,36 @@ def test_unreadable_file(tmp_path, capsys):
     f.chmod(0)
     assert prep_main(["--input", str(f), "--out", str(tmp_path / "o"), "--tokenizer", "byte", "--quiet"]) == 2
     assert "secret.txt: cannot read file" in capsys.readouterr().err
+
+
+def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
+    """A real 1 MiB file system (tmpfs) fills up mid-encode (in a worker or the parent): one line, the
+    finished shard groups kept, and once there is room the same command resumes."""
+    mnt = tmp_path / "small_disk"
+    mnt.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip()}")
+    try:
+        src = tmp_path / "lines.txt"
+        # ~420 KB of lines, ~1.7 MB of shards
+        src.write_text(
+            "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000))
+        )
+        args = ["--input", str(src), "--out", str(mnt / "o"), "--doc-split", "line", "--tokenizer", "byte",
+                "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
+        assert prep_main(args) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert (
+            len(lines) == 1 and "no space left on device" in lines[0] and "rerun the same command" in lines[0]
+        )
+        kept = len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"])
+        assert kept > 0
+        subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
+        assert prep_main(args) == 0
+        assert load_prepared(mnt / "o").meta["documents"]["kept"] == 8000
+        assert not (mnt / "o" / ".spool").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -66,7 +66,7 @@ def _start_and_kill(cmd: list[str], out: Path, groups: int) -> None:
 
 
 @needs_book
-def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path):
+def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path, capsys):
     src = tmp_path / "corpus.txt"
     _big_corpus(src, 40)  # ~11 MB, ~170k documents
     out = tmp_path / "out"
@@ -81,6 +81,9 @@ def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
 
+    # the input only touched (as a copy without -p does): same size and content, so it resumes
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert f"resuming {out}: the scan and {len(kept)} finished shard group(s) are kept" in p.stderr
@@ -99,18 +102,40 @@ def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path):
         sum(meta["splits"][s]["bytes"] for s in SPLITS) == src.stat().st_size - n_lines
     )  # newlines not kept
 
-    # a changed input is refused in one line, and the unfinished output is left as it was
+    # a changed input or setting is refused in one line naming it, and the unfinished output is kept
+    def refused(*extra: str) -> str:
+        capsys.readouterr()
+        assert prep_main([*cmd[3:5], "--out", str(copy), *cmd[7:], *extra]) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "unfinished data_prep run of another command" in lines[0], lines
+        assert "--overwrite" in lines[0] and {k: v[0] for k, v in _shards(copy).items()} == {
+            k: v[0] for k, v in before.items()
+        }
+        return lines[0]
+
+    original = src.read_bytes()
+    data = bytearray(original)
+    data[1000:1003] = b"XYZ" if data[1000:1003] != b"XYZ" else b"ABC"  # same size, same mtime
+    src.write_bytes(bytes(data))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert f"(input {src} has other content (same size))" in refused()
     with open(src, "a", encoding="utf-8") as f:
         f.write("one more line\n")
-    cmd_copy = [*cmd[:5], "--out", str(copy), *cmd[7:]]
-    p = subprocess.run(cmd_copy, cwd=ROOT, capture_output=True, text=True)
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert p.returncode == 2 and "Traceback" not in p.stderr and len(lines) == 1, p.stderr
-    assert "unfinished data_prep run with other input files" in lines[0] and "--overwrite" in lines[0]
-    assert {k: v[0] for k, v in _shards(copy).items()} == {k: v[0] for k, v in before.items()}
-    # and a changed setting too
-    p = subprocess.run([*cmd_copy, "--max-seq-len", "128"], cwd=ROOT, capture_output=True, text=True)
-    assert p.returncode == 2 and "other input files, --max-seq-len;" in p.stderr
+    assert f"(input {src} was {len(data)} bytes, now {len(data) + 14})" in refused()
+    assert f"was {len(data)} bytes, now {len(data) + 14}; --max-seq-len was 256, now 128)" in refused(
+        "--max-seq-len", "128"
+    )
+    # an edit the samples miss (same size, between the last two sampled windows, in blocks not yet
+    # encoded) that changes the text's byte count: refused at the end, where the bytes must add up
+    from data_prep.sources import SAMPLE_EDGE, SAMPLE_WINDOW, SAMPLE_WINDOWS
+
+    span = len(original) - 2 * SAMPLE_EDGE - SAMPLE_WINDOW
+    cut = original.index(b"\n", len(original) - SAMPLE_EDGE - span // (2 * (SAMPLE_WINDOWS - 1)))
+    src.write_bytes(original[:cut] + b" " + original[cut + 1 :])  # two lines become one
+    capsys.readouterr()
+    assert prep_main([*cmd[3:5], "--out", str(copy), *cmd[7:], "--quiet"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "the input changed while data_prep was reading it" in lines[0], lines
 
 
 @needs_book

@@ -1,12 +1,14 @@
-"""Fast unit checks: bucket boundaries, split assignment, segment splits."""
+"""Fast unit checks: bucket boundaries, split assignment, segment splits, shard files from pieces."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from data_prep import buckets, splits
-from data_prep.encode import segment_codes
+from data_prep import buckets, pieces, shards, splits
+from data_prep.encode import Block, EncodeFn, segment_codes
+from data_prep.format import SPLITS, shard_features
+from data_prep.tokenizer import ByteTokenizer
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -108,3 +110,45 @@ def test_boundaries_from_histogram_match_brute_force():
             tops = sols[k - 1]
             got = sum(cost[a + 1, b] for a, b in zip((-1, *tops[:-1]), tops))
             assert np.isclose(got, best)
+
+
+@pytest.mark.parametrize("copy_file_range", [True, False])
+def test_pieces_make_the_stream_pyarrow_writes(tmp_path, monkeypatch, copy_file_range):
+    """Blocks appended as pieces (in memory, or spilled by a worker and copied back) make, byte for byte,
+    the Arrow stream that one pyarrow writer makes of the same tables; also without copy_file_range."""
+    import pyarrow as pa
+
+    if not copy_file_range:
+        monkeypatch.delattr("os.copy_file_range", raising=False)  # the portable fallback
+    rng = np.random.default_rng(0)
+    words = ["a", "bb", "ccc \u00e9", "\u4e2d\u6587", "\n"]
+    blocks = [
+        Block(
+            ["".join(rng.choice(words, rng.integers(1, 300))) for _ in range(40)], [True] * 40, [False] * 40
+        )
+        for _ in range(4)
+    ]
+    fn = EncodeFn(
+        ByteTokenizer(), 32, seed=1, text_field="text", fractions=(0.2, 0.2), moves={}, segments=False
+    )
+    encoded = [fn(b) for b in blocks]
+    manifest = {"groups": []}
+    writer = shards.GroupWriter(tmp_path, manifest, 1 << 40, 32)
+    for i, enc in enumerate(encoded):
+        piece = pieces.from_encoded(enc)
+        if i % 2:  # what a worker hands back
+            piece = pieces.spill(piece, tmp_path / f"spool-{i}")
+        writer.add(piece, i + 1)
+        pieces.release(piece)
+    writer.close(len(blocks))
+    assert not list(tmp_path.glob("spool-*"))
+    schema = shard_features().arrow_schema
+    for c, name in enumerate(SPLITS):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            for enc in encoded:
+                if len(enc.tables[c]):
+                    w.write_table(enc.tables[c].cast(schema))
+        assert (tmp_path / name / "00000.arrow").read_bytes() == sink.getvalue().to_pybytes()
+        stats = manifest["groups"][0]["stats"][name]
+        assert stats["examples"] == sum(len(e.tables[c]) for e in encoded) > 0
