@@ -45,6 +45,8 @@ REF_STEPS = "8"
 def reference_run(prepared_dir, tmp_path_factory):
     """P = 2 x DP = 1, grad_accum 4, 8 steps, W&B offline with a (fake) API key in the environment.
 
+    Launched as an installed user would, `deepspeed --module app.train`, with the progress bar left at its
+    default (stderr is a pipe here: tests/test_train.py checks the log holds no bar).
     Returns (run_dir, CompletedProcess). Checkpoints kept: step 6 and step 8 (latest).
     """
     from launcher import train
@@ -53,6 +55,7 @@ def reference_run(prepared_dir, tmp_path_factory):
     p = train(
         2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
         "--eval-every", "4", "--wandb-mode", "offline", extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
+        script="app.train", progress=True,
     )  # fmt: skip
     return out, p
 

@@ -2,7 +2,8 @@
 
     2026-01-31 12:00:00 [rank 0] INFO step 10/150 | loss 5.1234 | ...
 
-Our loggers are `mlstm` (the app's messages) and `app.*` (module loggers such as the kernel choice).
+Our loggers: `mlstm`, the app's messages (INFO); `app.*`, module loggers such as the matmul kernel choices,
+whose INFO lines are detail (shown with --verbose; their warnings always).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import warnings
 from collections.abc import Iterator
 
 _NOISY = ("DeepSpeed", "deepspeed", "torch.distributed", "datasets", "wandb", "urllib3", "filelock")
-_OURS = ("mlstm", "app")
 FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
@@ -58,12 +58,12 @@ def setup_logging(verbose: bool = False) -> logging.Logger:
     handler = _BarAwareHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT, datefmt=DATE_FORMAT))
     handler.addFilter(_RankFilter())
-    for name in _OURS:
+    for name, quiet_level in (("mlstm", logging.INFO), ("app", logging.WARNING)):
         logger = logging.getLogger(name)
         if not logger.handlers:
             logger.addHandler(handler)
             logger.propagate = False
-        logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+        logger.setLevel(logging.DEBUG if verbose else quiet_level)
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:
