@@ -77,10 +77,7 @@ def load_secrets(environ=os.environ) -> list[str]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
-        print(
-            f"warning: MLSTM_DS_SECRETS_FILE {path}: unreadable ({e.strerror}); no secrets imported",
-            file=sys.stderr,
-        )
+        get_logger().warning(f"MLSTM_DS_SECRETS_FILE {path}: unreadable ({e.strerror}); no secrets imported")
         return []
     for line in lines:
         key, eq, val = line.partition("=")
