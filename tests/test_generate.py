@@ -184,6 +184,15 @@ def test_prompt_dash_reads_stdin(byte_run, capsys, monkeypatch):
     assert rc == rc2 == 0 and piped == given and piped.startswith("two\nlines")
 
 
+@pytest.mark.parametrize("flags", [["--prompt", "-"], INTERACTIVE], ids=["prompt_dash", "interactive"])
+def test_undecodable_stdin_is_one_clear_line(byte_run, capsys, monkeypatch, flags):
+    # what a C locale's stdin gives for bytes that are not UTF-8 (surrogateescape)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(b"ok\n\xff\xfe\n".decode("utf-8", "surrogateescape")))
+    rc, _, err = run_cli(capsys, "--checkpoint", str(byte_run), "--max-new-tokens", "2", *flags)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and "not UTF-8 text" in errors[0], err
+
+
 def test_interactive_module_ctrl_c_ends_a_reply_and_eof_ends_the_session(letters_run, tmp_path):
     """`python -m app.generate --interactive` on a pipe: Ctrl-C (SIGINT) stops each endless reply and the
     session goes on to the next line; closing stdin ends it with status 0."""

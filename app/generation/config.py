@@ -75,9 +75,11 @@ def pick_device(name: str) -> torch.device:
 def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
     if cfg.prompt == "-":
         try:
-            return [stdin.read().removesuffix("\n")]
-        except UnicodeDecodeError as e:
-            raise UserError(f"--prompt -: stdin is not UTF-8 text ({e})") from None
+            text = stdin.read()
+            text.encode("utf-8")  # a C locale reads undecodable bytes as surrogates, which no tokenizer takes
+        except UnicodeError as e:
+            raise UserError(f"--prompt -: stdin is not UTF-8 text ({e.__class__.__name__})") from None
+        return [text.removesuffix("\n")]
     if cfg.prompts is None:
         return [cfg.prompt or ""]
     p = Path(cfg.prompts)

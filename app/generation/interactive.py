@@ -17,6 +17,7 @@ from typing import TextIO
 
 import torch
 
+from app.common.errors import UserError
 from app.generation.decoder import Decoder, State
 from app.generation.sampling import SamplingConfig, sample_next
 from app.generation.stream import Streamer
@@ -118,6 +119,12 @@ def read_lines(stdin: TextIO, err: TextIO) -> Iterator[str]:
         except KeyboardInterrupt:
             err.write("\n")
             continue
+        except UnicodeDecodeError as e:
+            raise UserError(f"--interactive: stdin is not UTF-8 text ({e})") from None
+        try:
+            line.encode("utf-8")  # a C locale reads undecodable bytes as surrogates, which no tokenizer takes
+        except UnicodeEncodeError:
+            raise UserError(f"--interactive: stdin line {line[:40]!r} is not UTF-8 text") from None
         yield line.removesuffix("\n").removesuffix("\r")
 
 
