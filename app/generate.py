@@ -6,6 +6,13 @@ The prompt is read once ([bos] + prompt tokens, one sequence pass per layer); ev
 one recurrent step carrying the hidden state. Rows stop at EOS or after --max-new-tokens. With one row
 the text streams as it is produced; with several (--prompts, --num-samples) each row's completed lines
 stream prefixed by "[row]", and every row is printed whole at the end. Same --seed, same text.
+
+    python app/generate.py --checkpoint runs/quickstart --interactive      # a prompt loop (stdin)
+    echo "def main(" | python app/generate.py --checkpoint runs/quickstart --prompt -
+
+--interactive: one line of stdin a turn; the recurrent state is kept, so each reply continues the whole
+session (prompt 1, reply 1, prompt 2, ...) at the cost of the new line's tokens only. An empty line lets
+the model go on; Ctrl-C stops a reply (not the session); Ctrl-D or the end of piped input ends it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+import contextlib
+import itertools
 import json
 
 from app.checkpoints.loader import open_source
@@ -23,6 +32,7 @@ from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
 from app.generation.config import GenerateConfig, pick_device, read_prompts
 from app.generation.decoder import Decoder
+from app.generation.interactive import Session, read_lines, run_session
 from app.generation.sampling import SamplingConfig
 from app.generation.stream import generate
 
@@ -34,12 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     except ValueError as e:
         raise UserError(str(e)) from None
-    prompts = read_prompts(cfg)
+    prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
     device = pick_device(cfg.device)
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
     decoder = Decoder(src.load_model(device))
     print(f"# {src.describe()} | {device}", file=sys.stderr, flush=True)
+    if cfg.interactive:
+        return interactive(cfg, Session(decoder, tokenizer, sampling, cfg.seed))
 
     records = generate(
         decoder,
@@ -67,6 +79,34 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# {n} new tokens in {r0['generate_s']:.2f}s ({r0['tokens_per_s']:.1f} tokens/s); "
         f"prompt read in {r0['prompt_s'] * 1e3:.1f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0
+
+
+def interactive(cfg: GenerateConfig, session: Session) -> int:
+    """The prompt loop; --prompt (if given) is the first turn. Each turn's record goes to --output at once."""
+    try:
+        sink = open(cfg.output, "w", encoding="utf-8") if cfg.output else contextlib.nullcontext()  # noqa: SIM115
+    except OSError as e:
+        raise UserError(f"--output {cfg.output}: cannot write ({e})") from None
+    turns = read_lines(sys.stdin, sys.stderr)
+    if cfg.prompt is not None:
+        turns = itertools.chain([cfg.prompt], turns)
+    with sink as f:
+
+        def on_turn(rec: dict) -> None:
+            if f is not None:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+
+        records = run_session(
+            session, turns, max_new_tokens=cfg.max_new_tokens, out=sys.stdout, on_turn=on_turn
+        )
+    n, secs = sum(len(r["tokens"]) for r in records), sum(r["generate_s"] for r in records)
+    print(
+        f"# {len(records)} turns, {n} new tokens in {secs:.2f}s ({n / max(secs, 1e-9):.1f} tokens/s)",
         file=sys.stderr,
         flush=True,
     )

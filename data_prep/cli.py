@@ -108,10 +108,11 @@ def _setup_logging(quiet: bool) -> None:
     log.setLevel(logging.WARNING if quiet else logging.INFO)
     log.propagate = False
     datasets.logging.set_verbosity_error()
-    if quiet:
-        datasets.disable_progress_bars()
-    elif not os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS"):  # the user's own setting wins (and
-        datasets.enable_progress_bars()  # enabling over it only makes datasets print a warning)
+    # Bars on a terminal only, as the trainer's: in a log file they are carriage-return redraws. A user's
+    # HF_DATASETS_DISABLE_PROGRESS_BARS (either value) wins: overriding it only makes datasets warn.
+    if "HF_DATASETS_DISABLE_PROGRESS_BARS" not in os.environ:
+        show = not quiet and sys.stderr.isatty()
+        (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
 
 
 def main(argv: list[str] | None = None) -> int:

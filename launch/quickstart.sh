@@ -3,7 +3,9 @@
 #   1. set up .venv   2. prepare data   3. train on 2 processes (2 pipeline stages, ZeRO-1)
 #   4. evaluate on the test split (+ gzip/bzip2/xz reference)   5. export   6. print a sample
 # Environment: STEPS (default 150), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart), DATA (data/default),
-# DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DRY_RUN=1 prints the commands only.
+# DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DS_LOG_LEVEL (DeepSpeed launcher's log level, default error:
+# its INFO lines are start-up noise), DRY_RUN=1 prints the commands only.
+# The steps use the console scripts the install provides (mlstm-prep, mlstm-eval, ...; see README).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -22,14 +24,14 @@ run() {
 if [ -f "$DATA/meta.json" ]; then
   echo "[quickstart] reusing prepared data in $DATA (delete it to prepare again)"
 else
-  run python -m data_prep --out "$DATA" --vocab-size 2000 --max-seq-len 128
+  run mlstm-prep --out "$DATA" --vocab-size 2000 --max-seq-len 128
 fi
-run deepspeed --num_gpus "$NUM_PROCS" app/train.py \
+run deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/train.py \
   --deepspeed_config "${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" \
   --data "$DATA" --pipeline-stages 2 --out "$OUT" --model-config "${MODEL:-small}" \
   --max-steps "$STEPS" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
   --wandb-mode "${WANDB_MODE:-offline}"
-run python app/evaluate.py --checkpoint "$OUT" --data "$DATA" --split test --text README.md
-run python app/export.py --checkpoint "$OUT" --out "$OUT/export"
-run python app/generate.py --checkpoint "$OUT/export" --prompt "def " --max-new-tokens 200 \
+run mlstm-eval --checkpoint "$OUT" --data "$DATA" --split test --text README.md
+run mlstm-export --checkpoint "$OUT" --out "$OUT/export"
+run mlstm-generate --checkpoint "$OUT/export" --prompt "def " --max-new-tokens 200 \
   --temperature 0.8 --top-k 40 --seed 0

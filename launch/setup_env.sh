@@ -29,7 +29,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 export PATH="$VENV/bin:$PATH"
-# Keep tracking local unless the user opted in, and keep library chatter out of the terminal.
+# Keep library chatter out of the terminal. Progress bars need no setting: ours and data prep's show only
+# when stderr is a terminal (a user's HF_DATASETS_DISABLE_PROGRESS_BARS still wins in data prep).
 export WANDB_SILENT="${WANDB_SILENT:-true}"
 export TOKENIZERS_PARALLELISM=false
-export HF_DATASETS_DISABLE_PROGRESS_BARS="${HF_DATASETS_DISABLE_PROGRESS_BARS:-1}"
+# DeepSpeed warns "Setting accelerator to CPU" in every process it starts (runner, per-node launcher, each
+# rank) when it finds no accelerator. Decided once here instead, with the same test DeepSpeed makes (torch
+# sees no CUDA/XPU/MPS device and no vendor plugin is installed), and said once. Set DS_ACCELERATOR to choose.
+if [ -z "${DS_ACCELERATOR:-}" ] && "$VENV/bin/python" - <<'PY' 2>/dev/null
+import importlib.util, sys, torch
+plugins = ("torch_npu", "torch_sdaa", "habana_frameworks", "torch_mlu", "torch_supa", "torch_xmlir")
+sys.exit(1 if torch.accelerator.is_available() or any(importlib.util.find_spec(p) for p in plugins) else 0)
+PY
+then
+  export DS_ACCELERATOR=cpu
+  echo "[setup] no GPU or other accelerator visible to torch: DeepSpeed runs on the CPU (DS_ACCELERATOR=cpu)" >&2
+fi

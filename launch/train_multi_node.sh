@@ -9,6 +9,8 @@
 #   DS_CONFIG, STAGES, DATA, OUT, MAX_STEPS, MODEL as in train_single_node.sh
 #   FORWARD      variables sent to every rank (default: OMP_NUM_THREADS and W&B/HF settings below)
 #   SECRET_DIR   where the 0600 secrets file goes, same path on every host (default: ~/.cache/mlstm-ds)
+#   DS_LOG_LEVEL DeepSpeed runner's log level (default: error; its INFO lines are start-up noise). Its pdsh
+#                runner does not pass it on to the per-node launchers, which still log a few INFO lines.
 #   DRY_RUN=1    print the command instead of running it
 # Credentials (WANDB_API_KEY, HF_TOKEN, and *KEY*/*TOKEN*/*SECRET*/*PASSWORD* lines of .deepspeed_env)
 # never go on a command line: DeepSpeed's runner logs its command with every forwarded value, so they are
@@ -28,9 +30,10 @@ launcher_args=()
 # Under Slurm: srun even for a one-node allocation (else DeepSpeed falls back to a local launch), and no
 # ssh check (srun, not ssh, reaches the nodes).
 [ "$LAUNCHER" = slurm ] && launcher_args=(--force_multi --no_ssh_check)
-cmd=(deepspeed --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+cmd=(deepspeed --log_level "${DS_LOG_LEVEL:-error}"
+  --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
   --launcher "$LAUNCHER" "${launcher_args[@]}"
-  app/train.py
+  app/train.py  # a file, not --module app.train: DeepSpeed's Slurm runner ignores --module
   --deepspeed_config "${DS_CONFIG:-ds_configs/gpu_bf16_pp4_zero1.json}"
   --data "${DATA:-data/default}"
   --pipeline-stages "${STAGES:-4}"
@@ -38,8 +41,8 @@ cmd=(deepspeed --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port
   --max-steps "${MAX_STEPS:-100000}"
   --model-config "${MODEL:-large}"
   "$@")
-FORWARD="${FORWARD:-OMP_NUM_THREADS WANDB_MODE WANDB_PROJECT WANDB_ENTITY WANDB_BASE_URL WANDB_SILENT HF_HOME \
-HF_HUB_OFFLINE MLSTM_DS_FAULTS}"
+FORWARD="${FORWARD:-OMP_NUM_THREADS DS_ACCELERATOR WANDB_MODE WANDB_PROJECT WANDB_ENTITY WANDB_BASE_URL \
+WANDB_SILENT HF_HOME HF_HUB_OFFLINE MLSTM_DS_FAULTS}"
 SECRETS="WANDB_API_KEY HF_TOKEN"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   printf '%q ' "${cmd[@]}"; echo

@@ -8,6 +8,7 @@
 #   OUT         run directory         (default: runs/single_node)
 #   MAX_STEPS   optimizer steps       (default: 1000)
 #   MODEL       preset or JSON        (default: small)
+#   DS_LOG_LEVEL  DeepSpeed launcher's log level (default: error; its INFO lines are start-up noise)
 #   DRY_RUN=1   print the command instead of running it
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +21,7 @@ else
   gpus=0; default_cfg=ds_configs/cpu_pp2_zero1.json
 fi
 NUM_PROCS="${NUM_PROCS:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo 2)}"
-cmd=(deepspeed --num_gpus "$NUM_PROCS" app/train.py
+cmd=(deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/train.py
   --deepspeed_config "${DS_CONFIG:-$default_cfg}"
   --data "${DATA:-data/default}"
   --pipeline-stages "${STAGES:-2}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,8 @@ def reference_run(prepared_dir, tmp_path_factory):
     """P = 2 x DP = 1, grad_accum 4, 8 steps, W&B offline with a (fake) API key in the environment; plots,
     samples (4 per validation) and the final model artifact, as a user gets them.
 
+    Launched as an installed user would, `deepspeed --module app.train`, with the progress bar left at its
+    default (stderr is a pipe here: tests/test_train.py checks the log holds no bar).
     Returns (run_dir, CompletedProcess). Checkpoints kept: step 6 and step 8 (latest).
     """
     from launcher import train
@@ -55,6 +59,7 @@ def reference_run(prepared_dir, tmp_path_factory):
         2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
         "--eval-every", "4", "--wandb-mode", "offline", "--plots", "true",
         extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
+        script="app.train", progress=True,
     )  # fmt: skip
     return out, p
 
@@ -95,6 +100,12 @@ def fused_core_built() -> None:
     from app.model.fused_core import fused_ops
 
     fused_ops()
+    # DeepSpeed's CPU all-reduce op is JIT-built by the first rank that needs it, under a lock file: a rank
+    # killed by a time-out mid-build leaves the lock behind and every later launch waits on it for ever.
+    from deepspeed.comm.torch import build_shm_op
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        build_shm_op()
 
 
 # ---- a real cluster on this machine (tests/cluster.py): sshd + pdsh on 127.0.0.1/127.0.0.2, and Slurm

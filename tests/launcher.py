@@ -27,8 +27,16 @@ def env(**extra: str) -> dict[str, str]:
     e = dict(os.environ)
     e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     e.pop("MLSTM_DS_FAULTS", None)
+    if not torch_sees_an_accelerator():  # as launch/setup_env.sh does: one decision, no warning per process
+        e.setdefault("DS_ACCELERATOR", "cpu")
     e.update(extra)
     return e
+
+
+def torch_sees_an_accelerator() -> bool:
+    import torch
+
+    return torch.accelerator.is_available()
 
 
 _PORTS: list[int] = []
@@ -43,14 +51,19 @@ def release_shm() -> None:
 
 
 def deepspeed_cmd(nprocs: int, script: str, args: list[str]) -> list[str]:
+    """`script` is a file (app/train.py) or a module (app.train: `deepspeed --module`, as installed users run
+    it). The launcher logs errors only, as the launch/ scripts make it."""
     _PORTS.append(free_port())
+    target = [str(ROOT / script)] if script.endswith(".py") else ["--module", script]
     return [
         str(BIN / "deepspeed"),
+        "--log_level",
+        "error",
         "--num_gpus",
         str(nprocs),
         "--master_port",
         str(_PORTS[-1]),
-        str(ROOT / script),
+        *target,
         *args,
     ]
 
@@ -62,9 +75,15 @@ def run(cmd: list[str], extra_env: dict | None = None, timeout: int = TIMEOUT) -
 
 
 def train_args(
-    data: Path, out: Path, *extra: str, stages: int = 2, config: Path | None = CPU_CONFIG
+    data: Path,
+    out: Path,
+    *extra: str,
+    stages: int = 2,
+    config: Path | None = CPU_CONFIG,
+    progress: bool = False,
 ) -> list[str]:
-    """`config=None`: the caller names the DeepSpeed JSON in `extra` (--deepspeed FILE, a --config file)."""
+    """`config=None`: the caller names the DeepSpeed JSON in `extra` (--deepspeed FILE, a --config file).
+    `progress`: leave the progress bar at its default (on, but only on a terminal) instead of turning it off."""
     return [
         *(["--deepspeed_config", str(config)] if config is not None else []),
         "--data",
@@ -81,8 +100,7 @@ def train_args(
         "1",
         "--sanity-eval-batches",
         "1",
-        "--progress",
-        "false",
+        *([] if progress else ["--progress", "false"]),
         "--plots",  # about a second of rank 0 per validation; the reference run draws them (conftest)
         "false",
         "--log-every",
@@ -100,11 +118,11 @@ def train(
     config: Path | None = CPU_CONFIG,
     extra_env: dict | None = None,
     check: bool = True,
+    script: str = "app/train.py",
+    progress: bool = False,
 ) -> subprocess.CompletedProcess:
-    p = run(
-        deepspeed_cmd(nprocs, "app/train.py", train_args(data, out, *extra, stages=stages, config=config)),
-        extra_env,
-    )
+    args = train_args(data, out, *extra, stages=stages, config=config, progress=progress)
+    p = run(deepspeed_cmd(nprocs, script, args), extra_env)
     if check and p.returncode != 0:
         raise AssertionError(f"training failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return p

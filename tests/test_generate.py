@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -11,6 +18,8 @@ from test_checkpoints_consolidate import fake_checkpoint, tiny
 from app.generate import main as generate_main
 from app.generation.decoder import Decoder
 from app.generation.sampling import SamplingConfig, sample_next
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 VARIANTS = [
     {},
@@ -49,6 +58,26 @@ def test_sampling_modes():
     for bad in ({"temperature": -1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
         with pytest.raises(ValueError):
             SamplingConfig(**bad)
+
+
+INTERACTIVE = ["--interactive", "true"]
+LETTERS = " abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture(scope="module")
+def letters_run(tmp_path_factory):
+    """A byte-level model that can only write lowercase letters and spaces (no EOS): its text re-encodes to the
+    same tokens, so a session's text can be fed back as one prompt, and a reply ends only by length or Ctrl-C."""
+    model = tiny()
+    allowed = [ord(ch) + 3 for ch in LETTERS]  # byte tokenizer: id = byte + 3
+    with torch.no_grad():
+        bias = getattr(model, "3").bias
+        keep = bias[allowed].clone()
+        bias.fill_(-1e4)
+        bias[allowed] = keep
+    root = tmp_path_factory.mktemp("letters") / "run"
+    fake_checkpoint(root, model, "module")
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +145,9 @@ def test_stops_at_eos(tmp_path, capsys):
         (["--checkpoint", "RUN", "--prompts", "/nonexistent.txt"], "--prompts"),
         (["--checkpoint", "RUN", "--prompt", "a", "--prompts", "b"], "not both"),
         (["--checkpoint", "RUN", "--top-k", "many"], "--top-k: expects an integer"),
+        (["--checkpoint", "RUN", *INTERACTIVE, "--prompts", "p.txt"], "--interactive continues one text"),
+        (["--checkpoint", "RUN", *INTERACTIVE, "--num-samples", "2"], "--interactive continues one text"),
+        (["--checkpoint", "RUN", *INTERACTIVE, "--prompt", "-"], "--interactive reads its turns from stdin"),
     ],
 )
 def test_bad_input_is_one_clear_line(byte_run, capsys, args, needle):
@@ -123,3 +155,83 @@ def test_bad_input_is_one_clear_line(byte_run, capsys, args, needle):
     rc, _, err = run_cli(capsys, *args)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+def test_interactive_carries_the_state_across_turns(letters_run, tmp_path, capsys, monkeypatch):
+    """Greedy: turn 3's reply equals a one-shot generation from the whole session so far as one prompt, and
+    differs from a fresh start on turn 3's text alone (so the state really is what carried it)."""
+    common = ["--checkpoint", str(letters_run), "--temperature", "0", "--max-new-tokens", "12"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n world\n"))
+    rec_path = tmp_path / "turns.jsonl"
+    rc, out, err = run_cli(capsys, *common, *INTERACTIVE, "--prompt", "a", "--output", str(rec_path))
+    recs = [json.loads(ln) for ln in rec_path.read_text().splitlines()]
+    assert rc == 0 and [r["prompt"] for r in recs] == ["a", "hello", " world"], err
+    assert out == "".join(r["text"] + "\n" for r in recs)  # the replies only, one line each
+    assert all(r["stop"] == "length" and len(r["tokens"]) == 12 for r in recs)
+    assert "# 3 turns, 36 new tokens" in err
+    history = "a" + recs[0]["text"] + "hello" + recs[1]["text"] + " world"
+    rc, one_shot, _ = run_cli(capsys, *common, "--prompt", history)
+    assert one_shot == history + recs[2]["text"] + "\n"
+    rc, fresh, _ = run_cli(capsys, *common, "--prompt", " world")
+    assert fresh != " world" + recs[2]["text"] + "\n"
+
+
+def test_prompt_dash_reads_stdin(byte_run, capsys, monkeypatch):
+    common = ["--checkpoint", str(byte_run), "--max-new-tokens", "20", "--seed", "4"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("two\nlines\n"))  # echo's trailing newline is dropped
+    rc, piped, _ = run_cli(capsys, *common, "--prompt", "-")
+    rc2, given, _ = run_cli(capsys, *common, "--prompt", "two\nlines")
+    assert rc == rc2 == 0 and piped == given and piped.startswith("two\nlines")
+
+
+@pytest.mark.parametrize("flags", [["--prompt", "-"], INTERACTIVE], ids=["prompt_dash", "interactive"])
+def test_undecodable_stdin_is_one_clear_line(byte_run, capsys, monkeypatch, flags):
+    # what a C locale's stdin gives for bytes that are not UTF-8 (surrogateescape)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(b"ok\n\xff\xfe\n".decode("utf-8", "surrogateescape")))
+    rc, _, err = run_cli(capsys, "--checkpoint", str(byte_run), "--max-new-tokens", "2", *flags)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and "not UTF-8 text" in errors[0], err
+
+
+def test_interactive_module_ctrl_c_ends_a_reply_and_eof_ends_the_session(letters_run, tmp_path):
+    """`python -m app.generate --interactive` on a pipe: Ctrl-C (SIGINT) stops each endless reply and the
+    session goes on to the next line; closing stdin ends it with status 0."""
+    rec_path = tmp_path / "turns.jsonl"
+    cmd = [sys.executable, "-m", "app.generate", "--checkpoint", str(letters_run), *INTERACTIVE,
+           "--max-new-tokens", "100000000", "--output", str(rec_path)]  # fmt: skip
+    e = dict(os.environ, MLSTM_MATMUL="mm", OMP_NUM_THREADS="1")  # no kernel timing: this is about signals
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    replies = []
+    try:
+        for line in (b"first\n", b"second\n"):
+            p.stdin.write(line)
+            p.stdin.flush()
+            got = read_until(p.stdout, lambda b: len(b) >= 20, 120)  # the reply is streaming
+            p.send_signal(signal.SIGINT)
+            got += read_until(p.stdout, lambda b: b.endswith(b"\n"), 60)  # ... and ends with its line
+            replies.append(got.decode())
+        p.stdin.close()
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = p.stderr.read().decode()
+    assert rc == 0 and "Traceback" not in err and "# 2 turns" in err, err
+    recs = [json.loads(ln) for ln in rec_path.read_text().splitlines()]
+    assert [r["stop"] for r in recs] == ["interrupted", "interrupted"]
+    assert [r["text"] + "\n" for r in recs] == replies
+
+
+def read_until(stream, done, timeout: float) -> bytes:
+    buf, deadline = b"", time.monotonic() + timeout
+    fd = stream.fileno()
+    while not done(buf):
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out; read {buf[-200:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"stream closed; read {buf[-200:]!r}"
+            buf += chunk
+    return buf

@@ -132,6 +132,7 @@ def test_hostfile_p2_on_two_nodes_matches_single_node_and_keeps_keys_out_of_logs
     log = p.stdout + p.stderr
     assert p.returncode == 0, log[-6000:]
     assert "127.0.0.1: " in log and "127.0.0.2: " in log, "pdsh did not run a rank on each node"
+    assert "Setting accelerator" not in log, "DS_ACCELERATOR was not decided once and forwarded"
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
     assert_same_losses(train_losses(out), train_losses(reference_run[0]), 1e-6)
     assert "imported WANDB_API_KEY, HF_TOKEN from MLSTM_DS_SECRETS_FILE" in log

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,24 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
     assert tags == ["step_00000006", "step_00000008"]
     assert (out / "checkpoints" / "latest").read_text() == "step_00000008"
+
+
+OUR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[rank \d+\] (DEBUG|INFO|WARNING|ERROR) ")
+
+
+def test_reference_run_log_is_quiet_and_ours_carry_time_and_rank(reference_run):
+    """The log of a real launch (`deepspeed --module app.train`, progress bar left on, stderr a pipe): no
+    launcher INFO lines, no per-process accelerator warning, no DeepSpeed start-up prints, no progress-bar
+    redraws; every line is ours, with time and rank; the metrics line comes every step (--log-every 1)."""
+    _, p = reference_run
+    log = p.stdout + p.stderr
+    assert "\r" not in log, "progress-bar redraws in a log that is not a terminal"
+    for noise in ("[INFO]", "Setting accelerator", "SEED_LAYERS", "Using topology", "built successfully"):
+        assert noise not in log, f"{noise!r} in the log:\n{log[-3000:]}"
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    assert lines and all(OUR_LINE.match(ln) for ln in lines), [ln for ln in lines if not OUR_LINE.match(ln)]
+    steps = [ln for ln in lines if re.search(r"\[rank 0\] INFO step \d+/8 \| loss", ln)]
+    assert len(steps) == int(STEPS), steps
 
 
 def test_wandb_offline_run_has_metrics_and_no_key(reference_run):

@@ -1,32 +1,69 @@
-"""Rank-aware logging: every message carries its rank; library chatter stays at warning level."""
+"""Logging: every line of ours carries the time and its rank; library chatter stays at warning level.
+
+    2026-01-31 12:00:00 [rank 0] INFO step 10/150 | loss 5.1234 | ...
+
+Our loggers: `mlstm`, the app's messages (INFO); `app.*`, module loggers such as the matmul kernel choices,
+whose INFO lines are detail (shown with --verbose; their warnings always).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 
 _NOISY = ("DeepSpeed", "deepspeed", "torch.distributed", "datasets", "wandb", "urllib3", "filelock")
+FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+class _RankFilter(logging.Filter):
+    """Reads RANK when a line is written, not when logging is set up: under srun the rank is only known
+    once app.parallel.runtime has mapped Slurm's variables, after the first lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = os.environ.get("RANK", "0")
+        return True
+
+
+class _BarAwareHandler(logging.StreamHandler):
+    """Writes through tqdm while a progress bar is on screen, so a line never lands inside the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            if getattr(tqdm, "_instances", None):
+                tqdm.write(self.format(record), file=self.stream)
+                return
+        except ImportError:
+            pass
+        super().emit(record)
+
+
 def setup_logging(verbose: bool = False) -> logging.Logger:
-    """Configure the `mlstm` logger once per process with a `[rank N]` prefix.
+    """Configure our loggers once per process; returns the `mlstm` logger.
 
     DeepSpeed logs every step and every config key at INFO; a user asked for a training log, not that,
     so its loggers (and a few other libraries') stay at WARNING unless `verbose`.
     """
-    log = logging.getLogger("mlstm")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"[rank {rank()}] %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    handler = _BarAwareHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT, datefmt=DATE_FORMAT))
+    handler.addFilter(_RankFilter())
+    for name, quiet_level in (("mlstm", logging.INFO), ("app", logging.WARNING)):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.propagate = False
+        logger.setLevel(logging.DEBUG if verbose else quiet_level)
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:
@@ -39,8 +76,23 @@ def setup_logging(verbose: bool = False) -> logging.Logger:
             pass
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
-    return log
+    return logging.getLogger("mlstm")
 
 
 def get_logger() -> logging.Logger:
     return logging.getLogger("mlstm")
+
+
+@contextlib.contextmanager
+def library_prints() -> Iterator[None]:
+    """Hold what a library `print`s to stdout (DeepSpeed: "SEED_LAYERS=...", "Using topology: ...", "... built
+    successfully") and pass it on as DEBUG lines: shown with --verbose, not in every run's log."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        log = get_logger()
+        for line in buf.getvalue().splitlines():
+            if line.strip():
+                log.debug(line)

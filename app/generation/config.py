@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -16,7 +17,8 @@ class GenerateConfig:
     checkpoint: str = ""
     """A run directory, its checkpoints/ folder, one step_XXXXXXXX folder, or an export folder."""
     prompt: str | None = None
-    """Prompt text (default: empty, i.e. sample from the start of a document)."""
+    """Prompt text (default: empty, i.e. sample from the start of a document); `-` reads it from stdin (one
+    trailing newline dropped)."""
     prompts: str | None = None
     """File with one prompt per line (blank lines skipped); the prompts are generated as one batch."""
     max_new_tokens: int = 200
@@ -35,6 +37,10 @@ class GenerateConfig:
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     output: str | None = None
     """Also write every sample as a JSON line (prompt, text, tokens, stop reason) to this file."""
+    interactive: bool = False
+    """A prompt loop on stdin, one line a turn, keeping the recurrent state: each reply continues everything
+    so far. An empty line lets the model go on; Ctrl-C stops a reply; Ctrl-D (end of input) ends. --prompt
+    gives the first turn."""
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -46,6 +52,12 @@ class GenerateConfig:
         if self.num_samples < 1:
             raise ValueError(f"--num-samples must be >= 1, got {self.num_samples}")
         SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        if self.interactive and (self.prompts is not None or self.num_samples > 1):
+            raise ValueError("--interactive continues one text: give neither --prompts nor --num-samples > 1")
+        if self.interactive and self.prompt == "-":
+            raise ValueError(
+                "--interactive reads its turns from stdin: give the first turn as --prompt TEXT, not -"
+            )
 
 
 def pick_device(name: str) -> torch.device:
@@ -60,7 +72,14 @@ def pick_device(name: str) -> torch.device:
     return dev
 
 
-def read_prompts(cfg: GenerateConfig) -> list[str]:
+def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
+    if cfg.prompt == "-":
+        try:
+            text = stdin.read()
+            text.encode("utf-8")  # a C locale reads undecodable bytes as surrogates, which no tokenizer takes
+        except UnicodeError as e:
+            raise UserError(f"--prompt -: stdin is not UTF-8 text ({e.__class__.__name__})") from None
+        return [text.removesuffix("\n")]
     if cfg.prompts is None:
         return [cfg.prompt or ""]
     p = Path(cfg.prompts)

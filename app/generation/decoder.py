@@ -34,16 +34,20 @@ class Decoder:
         return self.model.embedding.weight.device
 
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, State]:
-        """ids (B, T) right-padded, lengths (B,) >= 1 -> (logits (B, V) after each row's last token, state)."""
+    def prefill(
+        self, ids: torch.Tensor, lengths: torch.Tensor, state: State | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """ids (B, T) right-padded, lengths (B,) >= 1, from `state` (zero when None: a new document)
+        -> (logits (B, V) after each row's last token, state there)."""
         lengths = lengths.to(self.device)
         rows = torch.arange(ids.shape[0], device=self.device)
         x = self.model.embedding(ids.to(self.device))  # (B, T, E)
-        state: State = []
-        for layer, w in zip(self.model.recurrent, self._w):
-            x, layer_state = layer.prefill(x, lengths, w)  # (B, T, H)
-            state.append(layer_state)
-        return self.model.head(x[rows, lengths - 1]), state  # head only where it is needed: (B, V)
+        start = state or [None] * len(self._w)
+        new: State = []
+        for layer, w, layer_state in zip(self.model.recurrent, self._w, start):
+            x, layer_state = layer.prefill(x, lengths, w, layer_state)  # (B, T, H)
+            new.append(layer_state)
+        return self.model.head(x[rows, lengths - 1]), new  # head only where it is needed: (B, V)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:

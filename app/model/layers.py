@@ -150,19 +150,25 @@ class RecurrentLayer(nn.Module):
         return z, z.clone()
 
     def prefill(
-        self, x: torch.Tensor, lengths: torch.Tensor, weights: Weights | None = None
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        weights: Weights | None = None,
+        state: State | None = None,
     ) -> tuple[torch.Tensor, State]:
-        """Inference: x (B, T, in) right-padded -> (y (B, T, H), state after row b's lengths[b] tokens).
+        """Inference: x (B, T, in) right-padded from `state` (zero when None) -> (y (B, T, H), state after
+        row b's lengths[b] tokens).
 
         `weights` are `self.weights()` computed once by a caller that runs many calls (generation).
         """
         if self.cell == "lstm":
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            out, (h_n, c_n) = self.lstm(packed)
+            init = None if state is None else (state[0].unsqueeze(0), state[1].unsqueeze(0))
+            out, (h_n, c_n) = self.lstm(packed, init)
             h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # (B, T, H)
             return self._finish(x, h), (h_n[0], c_n[0])
         w_in, w_mh, w_m = weights or self.weights()
-        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m)  # (B, T, H)
+        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m, state)  # (B, T, H)
         return self._finish(x, h), state
 
     def step(

@@ -217,14 +217,21 @@ def mlstm_sequence_from(
 
 @torch.no_grad()
 def mlstm_prefill(
-    x: torch.Tensor, lengths: torch.Tensor, w_in, bias, w_mh, w_m
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    w_in,
+    bias,
+    w_mh,
+    w_m,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Inference: x (B, T, in) from a zero state -> (h (B, T, H), (h, c) after row b's first lengths[b] steps).
+    """Inference: x (B, T, in) from `state` (zero when None) -> (h (B, T, H), (h, c) after row b's first
+    lengths[b] steps).
 
     The same loop as training (`_recur` keeps every c_t), so the state at each row's own end can be
     picked out of a right-padded batch. No autograd.
     """
-    *_, cs, _, _, _, hs = _recur(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
+    *_, cs, _, _, _, hs = _recur(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m, state)
     rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)
     return hs[1:].transpose(0, 1), (hs[lengths, rows], cs[lengths, rows])

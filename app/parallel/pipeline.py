@@ -31,6 +31,7 @@ from collections.abc import Callable
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import partition_balanced
 
+from app.common.logs import library_prints
 from app.model.config import ModelConfig, head_flops_per_token, recurrent_flops_per_token
 from app.model.layers import Embedding, Head, RecurrentLayer, tied_head_forward
 from app.model.lm import DEFAULT_SEED, LanguageModel, seed_layer
@@ -110,16 +111,17 @@ def build_pipeline(
     spec) replace the FLOP estimate that partition_method="cost" balances (see app.parallel.partition).
     """
     check_partition_method(partition_method)
-    return CostPipelineModule(
-        layer_specs(cfg),
-        layer_costs=layer_costs(cfg) if costs is None else costs,
-        num_stages=num_stages,
-        topology=topology,
-        loss_fn=loss_fn,
-        partition_method=partition_method,
-        seed_layers=True,
-        seed_fn=seed_layer,
-        base_seed=base_seed,
-        activation_checkpoint_interval=activation_checkpoint_interval,
-        dynamic_shape=True,
-    )
+    with library_prints():  # rank 0's "SEED_LAYERS=..." and "Using topology: ..." (our start-up line says it)
+        return CostPipelineModule(
+            layer_specs(cfg),
+            layer_costs=layer_costs(cfg) if costs is None else costs,
+            num_stages=num_stages,
+            topology=topology,
+            loss_fn=loss_fn,
+            partition_method=partition_method,
+            seed_layers=True,
+            seed_fn=seed_layer,
+            base_seed=base_seed,
+            activation_checkpoint_interval=activation_checkpoint_interval,
+            dynamic_shape=True,
+        )

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.common.logs import get_logger, library_prints
+
 # Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
 _LAUNCHER_PROGRAMS = ("deepspeed", "sshd", "slurmstepd")
@@ -75,10 +77,7 @@ def load_secrets(environ=os.environ) -> list[str]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
-        print(
-            f"warning: MLSTM_DS_SECRETS_FILE {path}: unreadable ({e.strerror}); no secrets imported",
-            file=sys.stderr,
-        )
+        get_logger().warning(f"MLSTM_DS_SECRETS_FILE {path}: unreadable ({e.strerror}); no secrets imported")
         return []
     for line in lines:
         key, eq, val = line.partition("=")
@@ -110,12 +109,11 @@ def init_distributed(timeout_s: float | None = None) -> None:
         watch_launcher()
     backend = get_accelerator().communication_backend_name()
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
+    with library_prints():  # "DeepSpeed ... shm_comm_op built successfully", once per rank
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
     atexit.register(release_own_shm)
     if secrets and os.environ["RANK"] == "0":
-        print(
-            f"[rank 0] imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE", file=sys.stderr, flush=True
-        )
+        get_logger().info(f"imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE")
     if get_accelerator().device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 

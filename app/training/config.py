@@ -102,7 +102,7 @@ class TrainConfig:
     deterministic: bool = True
     """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU."""
     progress: bool = True
-    """Show a progress bar on rank 0."""
+    """Show a progress bar on rank 0 when stderr is a terminal (never in a log file or pipe)."""
     verbose: bool = False
     """Let DeepSpeed and other libraries log at INFO."""
     dist_timeout_s: float = 600.0

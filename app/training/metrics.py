@@ -55,7 +55,9 @@ class StepLogger:
         self.total, self.spe, self.log_every = total_steps, steps_per_epoch, log_every
         self.window_tokens, self.window_time = 0, 0.0
         self.bar = None
-        if progress:
+        # Not on a terminal (a log file, a pipe, pdsh): a bar would be hundreds of carriage-return redraws
+        # on one line; the metrics line every `log_every` steps is the log there.
+        if progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -90,7 +92,7 @@ class StepLogger:
                 f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self.flops_tok * tps / self.peak_all:.1%} | "
                 f"skipped {s.skipped_total}"
             )
-            (self.bar.write(line, file=sys.stderr) if self.bar is not None else self.log.info(line))
+            self.log.info(line)  # through the bar when one is on screen (app.common.logs)
             self.window_tokens, self.window_time = 0, 0.0
 
     def close(self) -> None:
