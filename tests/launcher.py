@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,32 +134,3 @@ def metrics(run_dir: Path) -> list[dict]:
 def train_losses(run_dir: Path) -> dict[int, float]:
     """step -> train loss, the last record of each step winning (a resumed run rewrites later steps)."""
     return {m["step"]: m["train/loss"] for m in metrics(run_dir) if "train/loss" in m}
-
-
-def train_until_step_then_kill(nprocs: int, data: Path, out: Path, kill_after: int, *extra: str) -> int:
-    """Start training, SIGKILL the whole launcher process group once step `kill_after` is logged.
-
-    The run is told to stop after that step (fault hang_after), so the kill never races the end of training.
-    """
-    cmd = deepspeed_cmd(nprocs, "app/train.py", train_args(data, out, *extra))
-    p = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env(MLSTM_DS_FAULTS=f"hang_after={kill_after}"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    deadline = time.time() + TIMEOUT
-    try:
-        while time.time() < deadline and p.poll() is None:
-            if max(train_losses(out), default=0) >= kill_after:
-                os.killpg(p.pid, signal.SIGKILL)
-                break
-            time.sleep(0.2)
-        p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    return p.returncode

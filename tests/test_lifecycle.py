@@ -1,4 +1,4 @@
-"""Ranks never outlive their job: a stalled peer, a killed launcher, a full disk during a save.
+"""Ranks never outlive their job: a stalled peer, a crash in a save and a killed launcher, a full disk.
 
 Real `deepspeed` launches (CPU, gloo) with the reference run's settings (tests/conftest.py).
 """
@@ -13,8 +13,9 @@ import time
 
 import pytest
 from conftest import REF_STEPS
-from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, train_args, train_losses
-from test_multinode import LOST, REF_ARGS, alive, assert_same_losses, rank_pids, shm_left, wait_until
+from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, train, train_args, train_losses
+from run_files import samples
+from test_multinode import LOST, REF_ARGS, alive, rank_pids, shm_left, wait_until
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slow]
 
@@ -46,19 +47,30 @@ def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_pat
     assert not shm_left(port), shm_left(port)
 
 
-def test_launcher_sigkill_stops_ranks_and_rerun_starts_clean(reference_run, prepared_dir, tmp_path):
-    """SIGKILL of the `deepspeed` launcher alone (OOM killer, hard stop): its ranks exit within seconds,
-    unlink their buffers, and the same command on the same port resumes instead of EADDRINUSE."""
-    out = tmp_path / "orphans"
-    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, "--save-every",
-                        "2", "--keep-last", "2", "--eval-every", "4", "--wandb-mode", "disabled"))  # fmt: skip
+def test_crash_in_save_then_launcher_sigkill_then_resume_on_the_same_port_reproduces_losses(
+    reference_run, prepared_dir, tmp_path
+):
+    """One run, three launches (one launch per failure: each launch costs more than its 8 steps):
+    1. a rank dies while writing checkpoint 6: 2 and 4 are complete, 6 is not, `latest` stays at 4;
+    2. the rerun resumes from 4; once step 7 is logged (checkpoint 6 committed) the `deepspeed` launcher
+       alone is SIGKILLed (OOM killer, hard stop): its ranks exit within seconds and unlink their buffers;
+    3. the same command on the same port resumes from 6 instead of EADDRINUSE, in the recorded stage split,
+       and reproduces the uninterrupted run's losses exactly."""
+    out = tmp_path / "resume"
+    ck = out / "checkpoints"
+    common = ("--max-steps", REF_STEPS, "--save-every", "2", "--eval-every", "4", "--wandb-mode", "disabled")
+    # 1. dies while writing checkpoint 6
+    p = train(2, prepared_dir, out, *common, extra_env={"MLSTM_DS_FAULTS": "crash_in_save=6"}, check=False)
+    assert p.returncode != 0
+    assert (ck / "latest").read_text() == "step_00000004"
+    assert (ck / "step_00000006").is_dir() and not (ck / "step_00000006" / "COMPLETE").exists()
+    # 2. rerun: resumes from 4; SIGKILL of the runner alone once step 7 is logged
+    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, *common))
     port = _PORTS[-1]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=2"), stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=7"), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        wait_until(
-            lambda: (out / "checkpoints" / "step_00000002" / "COMPLETE").exists(), 240, "checkpoint 2", p
-        )
+        wait_until(lambda: max(train_losses(out), default=0) >= 7, 240, "step 7", p)
         wait_until(lambda: len(rank_pids(out)) == 2, 30, "both ranks")
         ranks = rank_pids(out)
         p.send_signal(signal.SIGKILL)  # the runner only; launch.py and the ranks are its descendants
@@ -70,13 +82,26 @@ def test_launcher_sigkill_stops_ranks_and_rerun_starts_clean(reference_run, prep
         os.killpg(p.pid, signal.SIGKILL) if any(alive(pid) for pid in rank_pids(out).values()) else None
     assert exited_after < 20
     wait_until(lambda: not shm_left(port), 10, "the ranks' /dev/shm buffers to go")
-
-    rerun = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), *cmd[5:]]
+    assert max(train_losses(out)) == 7, "the kill must land mid-training, after step 7"
+    assert (ck / "latest").read_text() == "step_00000006"
+    # 3. the same command on the same port: resumes from 6 and finishes
+    rerun = [
+        str(BIN / "deepspeed"),
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(port),
+        *cmd[cmd.index("--master_port") + 2 :],
+    ]
     q = subprocess.run(rerun, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert q.returncode == 0, q.stderr[-4000:]
     assert "EADDRINUSE" not in q.stderr and "address already in use" not in q.stderr.lower()
-    assert "step_00000002 at step 2" in q.stderr
-    assert_same_losses(train_losses(out), train_losses(reference_run[0]), 1e-6)
+    assert "resumed from" in q.stderr and "step_00000006 at step 6" in q.stderr, q.stderr[-4000:]
+    assert "as recorded in step_00000006" in q.stderr, "a resumed run must keep its stage split"
+    ref, got = train_losses(reference_run[0]), train_losses(out)
+    assert got == ref, "resumed run diverged from the uninterrupted one"
+    # samples too: samples.jsonl cut back to the checkpoint on each resume, the rest taken again
+    assert samples(out) == samples(reference_run[0])
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """`deepspeed app/train.py` end to end: real launcher, real processes (CPU, gloo), real data and W&B.
 
-One reference run (P = 2, DP = 1) anchors the equivalence checks: the other layouts and an interrupted +
-resumed run must reproduce its per-step losses.
+One reference run (P = 2, DP = 1) anchors the equivalence checks: the other layouts (and the interrupted +
+resumed run of test_lifecycle.py) must reproduce its per-step losses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import FAKE_WANDB_KEY as FAKE_KEY
 from conftest import REF_STEPS as STEPS
-from launcher import ROOT, metrics, train, train_losses, train_until_step_then_kill
+from launcher import ROOT, metrics, train, train_losses
 from run_files import (
     check_samples,
     check_staged,
@@ -171,29 +171,6 @@ def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(prepared_dir, tmp_path
     for s, m in runs[1].items():
         for key in ("train/loss", "train/grad_norm"):
             assert runs[2][s][key] == pytest.approx(m[key], rel=1e-5), (s, key)
-
-
-def test_crash_in_save_then_sigkill_then_resume_reproduces_losses(reference_run, prepared_dir, tmp_path):
-    out = tmp_path / "resume"
-    common = ("--max-steps", STEPS, "--save-every", "2", "--eval-every", "4", "--wandb-mode", "disabled")
-    # 1. dies while writing checkpoint 6: 2 and 4 are complete, 6 is not, latest stays at 4
-    p = train(2, prepared_dir, out, *common, extra_env={"MLSTM_DS_FAULTS": "crash_in_save=6"}, check=False)
-    assert p.returncode != 0
-    ck = out / "checkpoints"
-    assert (ck / "latest").read_text() == "step_00000004"
-    assert (ck / "step_00000006").is_dir() and not (ck / "step_00000006" / "COMPLETE").exists()
-    # 2. rerun: resumes from 4; SIGKILL once step 7 is logged (checkpoint 6 is committed by then)
-    rc = train_until_step_then_kill(2, prepared_dir, out, 7, *common)
-    assert rc != 0 and max(train_losses(out)) == 7, "the kill must land mid-training, after step 7"
-    assert (ck / "latest").read_text() == "step_00000006"
-    # 3. rerun again: resumes from 6 and finishes
-    p = train(2, prepared_dir, out, *common)
-    assert "resumed from" in p.stderr and "step_00000006" in p.stderr
-    assert "as recorded in step_00000006" in p.stderr, "a resumed run must keep its stage split"
-    ref, got = train_losses(reference_run[0]), train_losses(out)
-    assert got == ref, "resumed run diverged from the uninterrupted one"
-    # samples too: samples.jsonl cut back to the checkpoint on each resume, the rest taken again
-    assert samples(out) == samples(reference_run[0])
 
 
 def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir, tmp_path):
