@@ -23,7 +23,9 @@ def free_port() -> int:
 
 def env(**extra: str) -> dict[str, str]:
     e = dict(os.environ)
-    e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    # one kernel for every launch: runs compared bit for bit (a resume vs the reference run) are separate
+    # processes, and the per-process MKL-vs-oneDNN timing can pick differently under load
+    e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MLSTM_MATMUL="mm")
     e.pop("MLSTM_DS_FAULTS", None)
     if not torch_sees_an_accelerator():  # as launch/setup_env.sh does: one decision, no warning per process
         e.setdefault("DS_ACCELERATOR", "cpu")
