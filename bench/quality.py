@@ -82,6 +82,8 @@ def materialize(corpus: str, where: Path) -> tuple[Path, Path]:
     """-> (data_prep input, held-out text file): the first 90% and the last 10% of the corpus."""
     where.mkdir(parents=True, exist_ok=True)
     held = where / "heldout.txt"
+    if held.exists():  # written by an earlier run in this --workdir (same corpus, same cut)
+        return (where / "train.txt" if corpus == "botchan" else where / "train"), held
     if corpus == "botchan":
         text = novel_text(BOTCHAN)
         cut = cut_at_line(text, 1.0 - HELD_OUT)
@@ -124,12 +126,30 @@ def prepare(inp: Path, out: Path, prep_args: list[str]) -> None:
     run(cmd, out.parent / f"{out.name}.prep.log")
 
 
+def ds_config(overrides: list[str], where: Path) -> str:
+    """The shipped CPU DeepSpeed JSON, or a copy with `key.sub=value` overrides (tuning)."""
+    if not overrides:
+        return DS_CONFIG
+    cfg = json.loads((ROOT / DS_CONFIG).read_text())
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = json.loads(raw)
+    path = where / f"ds_{hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:8]}.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    return str(path)
+
+
 def train(data: Path, out: Path, args, budget: float | None, port: int) -> float:
     """One training run; -> its wall seconds (launcher start to exit)."""
     limit = ["--max-steps", str(args.steps)] if args.steps else ["--time-budget", f"{budget:g}"]
     cmd = [
         str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.procs), "--master_port", str(port),
-        "app/train.py", "--deepspeed_config", DS_CONFIG, "--data", str(data), "--out", str(out),
+        "app/train.py", "--deepspeed_config", ds_config(args.ds_set, out.parent), "--data", str(data),
+        "--out", str(out),
         "--pipeline-stages", str(args.stages), "--wandb-mode", "disabled", "--progress", "false",
         *limit, *shlex.split(args.train_args),
     ]  # fmt: skip
@@ -193,6 +213,10 @@ def main() -> None:
     ap.add_argument("--prep-args", default="", help="extra data_prep flags (tuning)")
     ap.add_argument("--train-args", default="", help="extra training flags or model.<field>=V (tuning)")
     ap.add_argument(
+        "--ds-set", action="append", default=[], metavar="KEY=JSON", help="override a DS JSON key (tuning)"
+    )
+    ap.add_argument("--no-score", action="store_true", help="train only (throughput probes)")
+    ap.add_argument(
         "--steps", type=int, default=0, help="train this many steps instead of --budgets (tuning)"
     )
     ap.add_argument("--tag", default="", help="name suffix of the runs (tuning: one workdir, many configs)")
@@ -234,18 +258,28 @@ def main() -> None:
             name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + args.tag
             out = base / name
             wall = train(data, out, args, budget, args.port)
-            ev = score(out, held, args.port + 1)
             row = {
                 "corpus": corpus,
                 "budget_min": budget,
+                **train_figures(out),
+                "launch_wall_s": round(wall, 1),
+                "tokenizer": f"{meta['tokenizer']['type']} {meta['tokenizer']['vocab_size']}",
+                "bytes_per_token": meta["splits"]["train"]["bytes"] / meta["splits"]["train"]["tokens"],
+            }
+            if args.no_score:
+                results.append(row)
+                print(
+                    f"{corpus:9s} {name:12s} {row['steps']} steps, {row['tokens_per_s']:.0f} tok/s",
+                    flush=True,
+                )
+                continue
+            ev = score(out, held, args.port + 1)
+            row |= {
                 "heldout_bytes": ev["bytes"],
                 "bits_per_byte": ev["bits/byte"],
                 "gzip -9": ev["gzip -9"],
                 "bzip2 -9": ev["bzip2 -9"],
                 "xz -9": ev["xz -9"],
-                **train_figures(out),
-                "launch_wall_s": round(wall, 1),
-                "tokenizer": f"{meta['tokenizer']['type']} {meta['tokenizer']['vocab_size']}",
             }
             tgt = target_for(budget)
             row["target"] = f"below {tgt}"

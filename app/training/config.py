@@ -33,7 +33,8 @@ class TrainConfig:
     time_budget: float | None = None
     """Minutes of training on the wall clock: the lr decays over the elapsed share of the budget (warmup
     still counts --warmup-steps) and the run stops in time for its final evaluation and save, estimated
-    from measured evaluation and save times. Counts the loop, not start-up; carried across resumes.
+    from measured evaluation and save times. Counts the loop from the first step, not start-up or the
+    sanity evaluation; carried across resumes.
     --max-steps/--epochs, when given, stop it earlier. Not step-reproducible (the clock decides)."""
     eval_every: int = 200
     """Evaluate on the validation split every N steps (0: only at the end)."""

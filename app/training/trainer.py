@@ -98,6 +98,7 @@ class Trainer:
         self.state = TrainState()
         self.budget: TimeBudget | None = None
         self.stopped_by = "steps"
+        self._reserve_warned = False
         lay = self.layout
         length = f"{self.total_steps} steps" if self.total_steps else "no step limit"
         if cfg.time_budget:
@@ -239,12 +240,14 @@ class Trainer:
 
     def _time_budget(self) -> TimeBudget:
         cfg = self.cfg
-        splits = ["validation"] + (["test"] if cfg.test_eval else [])
-        final_tokens = sum(int(np.sum(self.data.store(s).lengths)) for s in splits)
+        tokens = {s: int(np.sum(self.data.store(s).lengths)) for s in ("validation", "test")}
+        val_batches = self.data.schedule("validation").steps_per_epoch
+        capped = min(1.0, cfg.eval_max_batches / max(1, val_batches)) if cfg.eval_max_batches else 1.0
         budget = TimeBudget(
             cfg.time_budget * 60.0,
             decay_from=self.state.decay_from,
-            final_eval_tokens=final_tokens,
+            final_eval_tokens=tokens["validation"] + (tokens["test"] if cfg.test_eval else 0),
+            periodic_eval_tokens=int(capped * tokens["validation"]),
             params=self.n_params,
             warmup=cfg.warmup_steps,
             decay=cfg.lr_decay,
@@ -269,6 +272,14 @@ class Trainer:
         if self.rank == 0:
             mult, stop = self.budget.decide(self.state.step, self._elapsed())
             decision[0], decision[1] = mult, float(stop)
+            want = self.budget.estimated_reserve()
+            if want > self.budget.reserve() and not self._reserve_warned:
+                self._reserve_warned = True
+                self.log.warning(
+                    f"time budget: the final evaluation and save are estimated at {want:.0f} s, more than "
+                    f"half the budget; keeping {self.budget.reserve():.0f} s (the run may end late). A smaller "
+                    "validation split (data_prep --val-fraction) or --test-eval false shortens them"
+                )
         dist.broadcast(decision, src=0)
         self.engine.set_lr_scale(float(decision[0]))
         if decision[1]:
@@ -316,9 +327,9 @@ class Trainer:
     def fit(self) -> int:
         """Train to `total_steps`; returns the process exit status."""
         cfg, st = self.cfg, self.state
-        self._loop_start, self._spent_before = time.monotonic(), st.train_seconds
         if cfg.sanity_eval_batches:
             self.validate("validation", "sanity", cfg.sanity_eval_batches)
+        self._loop_start, self._spent_before = time.monotonic(), st.train_seconds  # the budget's clock
         schedule = self.data.schedule("train")
         plan, plan_epoch = None, -1
         while self._more_steps():
