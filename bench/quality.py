@@ -1,16 +1,18 @@
 """Time to quality: held-out bits per byte reached in a wall-clock budget, beside gzip/bzip2/xz. JSON line last.
 
     python bench/quality.py [--budgets 3,10] [--corpora embedded,botchan] [--workdir DIR]
-                            [--procs 2 --stages 2] [--prep-args "..."] [--train-args "..."] [--steps N]
+                            [--dynamic] [--procs 2] [--prep-args="..."] [--train-args="..."] [--steps N]
 
-For each corpus the last 10% of its raw text (as bytes, cut at a line start) is held out; data_prep
-prepares the first 90% with the shipped defaults, and training runs the shipped CPU defaults on
-`--procs` processes through the real `deepspeed` launcher (the quickstart's command:
-ds_configs/cpu_pp2_zero1.json, 2 pipeline stages) with `--time-budget` minutes. The held-out bytes are
-then scored as raw text by `app/evaluate.py --text` and by `gzip -9`, `bzip2 -9`, `xz -9`. Reported per
-(corpus, budget): held-out bits/byte, the compressors on the same bytes, tokens/s and MFU (median of the
-steps after the first 3, from metrics.jsonl), steps, training seconds, and whether the target is met
-(below `gzip -9` for budgets under 10 minutes, below `bzip2 -9` from 10 minutes).
+For each corpus the last 10% of its raw text (as bytes, cut at a line start) is held out; the first 90% is
+prepared and trained on with exactly the commands launch/quickstart.sh runs (read from its DRY_RUN=1
+listing, so the benchmark measures the shipped CPU defaults: data_prep's flags, ds_configs/cpu_pp2_zero1.json
+on 2 processes through the real `deepspeed` launcher, 2 pipeline stages, the model preset) with
+`--time-budget` minutes. The held-out bytes are then scored as raw text by `app/evaluate.py --text` and by
+`gzip -9`, `bzip2 -9`, `xz -9`. Reported per (corpus, budget): held-out bits/byte, the compressors on the
+same bytes, tokens/s and MFU (median of the steps after the first 3, from metrics.jsonl), steps, training
+seconds, and whether the target is met (below `gzip -9` for budgets under 10 minutes, below `bzip2 -9`
+from 10 minutes). `--dynamic` adds evaluate.py's dynamic evaluation (state carried through the text, the
+weights adapting as it is read, like the compressors adapt).
 
 Corpora:
 - embedded: the corpus `python -m data_prep` uses without --input (CPython's pydoc topics then stdlib
@@ -44,7 +46,6 @@ sys.path.insert(0, str(ROOT))
 BOTCHAN = ROOT.parent / "shared" / "fieldtest" / "corpora" / "botchan.txt"
 HELD_OUT = 0.10
 CORPORA = ("embedded", "botchan")
-DS_CONFIG = "ds_configs/cpu_pp2_zero1.json"
 
 
 def cut_at_line(text: str, frac: float) -> int:
@@ -119,18 +120,36 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
         raise RuntimeError(f"failed ({p.returncode}): {shlex.join(cmd)}\n" + "\n".join(tail))
 
 
-def prepare(inp: Path, out: Path, prep_args: list[str]) -> None:
+def quickstart_commands(minutes: float | None, steps: int) -> tuple[list[str], list[str]]:
+    """(data_prep, training) argument lists exactly as launch/quickstart.sh runs them (its DRY_RUN=1
+    listing), with DATA and OUT left as the placeholders __DATA__ and __OUT__."""
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "MINUTES")}
+    env |= {"DRY_RUN": "1", "DATA": "__DATA__", "OUT": "__OUT__"}
+    env |= {"STEPS": str(steps)} if steps else {"MINUTES": f"{minutes:g}"}
+    p = subprocess.run(["bash", "launch/quickstart.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = [shlex.split(ln[2:]) for ln in p.stderr.splitlines() if ln.startswith("+ ")]
+    prep = next((c for c in lines if c[1:3] == ["-m", "data_prep"]), None)
+    train = next((c for c in lines if c[0] == "deepspeed"), None)
+    if p.returncode or prep is None or train is None:
+        sys.exit(f"launch/quickstart.sh with DRY_RUN=1 did not list its commands:\n{p.stderr[-2000:]}")
+    return prep[3:], train[1:]  # without "python -m data_prep" / "deepspeed"
+
+
+def fill(cmd: list[str], **values: str) -> list[str]:
+    return [values.get(a.strip("_").lower(), a) if a.startswith("__") else a for a in cmd]
+
+
+def prepare(inp: Path, out: Path, quickstart_prep: list[str], prep_args: list[str]) -> None:
+    """data_prep as the quickstart runs it, on `inp` (a later flag in `prep_args` wins: tuning)."""
     if (out / "meta.json").exists():
         return
-    cmd = [sys.executable, "-m", "data_prep", "--input", str(inp), "--out", str(out), "--quiet", *prep_args]
-    run(cmd, out.parent / f"{out.name}.prep.log")
+    cmd = [sys.executable, "-m", "data_prep", *fill(quickstart_prep, data=str(out)), "--input", str(inp)]
+    run([*cmd, "--quiet", *prep_args], out.parent / f"{out.name}.prep.log")
 
 
-def ds_config(overrides: list[str], where: Path) -> str:
-    """The shipped CPU DeepSpeed JSON, or a copy with `key.sub=value` overrides (tuning)."""
-    if not overrides:
-        return DS_CONFIG
-    cfg = json.loads((ROOT / DS_CONFIG).read_text())
+def ds_config(shipped: str, overrides: list[str], where: Path) -> str:
+    """A copy of the quickstart's DeepSpeed JSON with `key.sub=value` overrides (tuning)."""
+    cfg = json.loads((ROOT / shipped).read_text())
     for item in overrides:
         key, _, raw = item.partition("=")
         *parents, leaf = key.split(".")
@@ -144,23 +163,28 @@ def ds_config(overrides: list[str], where: Path) -> str:
 
 
 def train(data: Path, out: Path, args, budget: float | None, port: int) -> float:
-    """One training run; -> its wall seconds (launcher start to exit)."""
-    limit = ["--max-steps", str(args.steps)] if args.steps else ["--time-budget", f"{budget:g}"]
+    """The quickstart's training command on `data` (tuning flags after it win); -> its wall seconds."""
+    _, launcher = quickstart_commands(budget, args.steps)
+    assert launcher[:2] == ["--num_gpus", launcher[1]] and "app/train.py" in launcher, launcher
+    rest = fill(launcher[2:], data=str(data), out=str(out))
     cmd = [
         str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.procs), "--master_port", str(port),
-        "app/train.py", "--deepspeed_config", ds_config(args.ds_set, out.parent), "--data", str(data),
-        "--out", str(out),
-        "--pipeline-stages", str(args.stages), "--wandb-mode", "disabled", "--progress", "false",
-        *limit, *shlex.split(args.train_args),
+        *rest, "--wandb-mode", "disabled", "--progress", "false", *shlex.split(args.train_args),
     ]  # fmt: skip
+    if args.ds_set:
+        shipped = rest[rest.index("--deepspeed_config") + 1]
+        cmd += ["--deepspeed_config", ds_config(shipped, args.ds_set, out.parent)]
+    if args.stages:
+        cmd += ["--pipeline-stages", str(args.stages)]
     env = {"WANDB_SILENT": "true"} | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
     t0 = time.perf_counter()
     run(cmd, out.parent / f"{out.name}.train.log", env)
     return time.perf_counter() - t0
 
 
-def score(run_dir: Path, held: Path, port: int) -> dict:
-    """bits/byte of the held-out text through app/evaluate.py --text, with the compressors' figures."""
+def score(run_dir: Path, held: Path, port: int, dynamic: bool) -> dict:
+    """bits/byte of the held-out text through app/evaluate.py --text, with the compressors' figures
+    (and, with `dynamic`, the state carried through the text and dynamic evaluation)."""
     out = run_dir / "heldout_eval.json"
     cmd = [
         sys.executable,
@@ -172,6 +196,7 @@ def score(run_dir: Path, held: Path, port: int) -> dict:
         "--out",
         str(out),
     ]
+    cmd += ["--dynamic"] if dynamic else []
     run(cmd, run_dir.parent / f"{run_dir.name}.eval.log", {"MASTER_PORT": str(port)})
     return json.loads(out.read_text())["texts"][0]
 
@@ -206,7 +231,7 @@ def main() -> None:
         "--workdir", type=Path, default=None, help="keep data and runs here (default: a temp dir)"
     )
     ap.add_argument("--procs", type=int, default=2, help="processes (the deepspeed launcher's --num_gpus)")
-    ap.add_argument("--stages", type=int, default=2, help="pipeline stages")
+    ap.add_argument("--stages", type=int, default=0, help="pipeline stages (0: the quickstart's)")
     ap.add_argument(
         "--threads", type=int, default=0, help="OMP_NUM_THREADS per process (0: the app splits the cores)"
     )
@@ -216,6 +241,11 @@ def main() -> None:
         "--ds-set", action="append", default=[], metavar="KEY=JSON", help="override a DS JSON key (tuning)"
     )
     ap.add_argument("--no-score", action="store_true", help="train only (throughput probes)")
+    ap.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="also score with evaluate.py --dynamic (state carried through the text; weights adapted)",
+    )
     ap.add_argument(
         "--steps", type=int, default=0, help="train this many steps instead of --budgets (tuning)"
     )
@@ -244,15 +274,15 @@ def main() -> None:
     else:
         work = args.workdir.resolve()
     prep_args = shlex.split(args.prep_args)
-    prep_key = "prep_" + (
-        hashlib.sha256(shlex.join(prep_args).encode()).hexdigest()[:8] if prep_args else "default"
-    )
+    quick_prep, _ = quickstart_commands(budgets[0], args.steps)
+    # one prepared directory per data_prep command (a workdir can hold several tuning variants)
+    prep_key = "prep_" + hashlib.sha256(shlex.join([*quick_prep, *prep_args]).encode()).hexdigest()[:8]
     results = []
     for corpus in corpora:
         base = work / corpus
         inp, held = materialize(corpus, base)
         data = base / prep_key
-        prepare(inp, data, prep_args)
+        prepare(inp, data, quick_prep, prep_args)
         meta = json.loads((data / "meta.json").read_text())
         for budget in budgets:
             name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + args.tag
@@ -273,7 +303,7 @@ def main() -> None:
                     flush=True,
                 )
                 continue
-            ev = score(out, held, args.port + 1)
+            ev = score(out, held, args.port + 1, args.dynamic)
             row |= {
                 "heldout_bytes": ev["bytes"],
                 "bits_per_byte": ev["bits/byte"],
@@ -281,15 +311,24 @@ def main() -> None:
                 "bzip2 -9": ev["bzip2 -9"],
                 "xz -9": ev["xz -9"],
             }
+            if args.dynamic:
+                row |= {"static_carried_bpb": ev["static carried"], "dynamic_bpb": ev["dynamic"]}
             tgt = target_for(budget)
             row["target"] = f"below {tgt}"
             row["target_met"] = row["bits_per_byte"] < row[tgt]
+            if args.dynamic:
+                row["target_met_dynamic"] = row["dynamic_bpb"] < row[tgt]
             results.append(row)
             print(
                 f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte | gzip {row['gzip -9']:.3f} "
                 f"bzip2 {row['bzip2 -9']:.3f} xz {row['xz -9']:.3f} | {row['steps']} steps, "
                 f"{row['tokens_per_s']:.0f} tok/s, mfu {row['mfu']:.3f} | target {row['target']}: "
-                f"{'met' if row['target_met'] else 'MISSED'}",
+                f"{'met' if row['target_met'] else 'MISSED'}"
+                + (
+                    f" | dynamic {row['dynamic_bpb']:.3f}: {'met' if row['target_met_dynamic'] else 'MISSED'}"
+                    if args.dynamic
+                    else ""
+                ),
                 flush=True,
             )
     load = os.getloadavg()

@@ -73,7 +73,8 @@ class TrainConfig:
     wandb_run_name: str | None = None
     """Run name shown in W&B (default: the run directory's name)."""
     deterministic: bool = True
-    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU."""
+    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU
+    (not with --time-budget, where the clock sets the lr and the last step)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
     verbose: bool = False
