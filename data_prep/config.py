@@ -44,8 +44,8 @@ class PrepConfig:
     tokenizer_model: Path | None = None
     """Reuse this SentencePiece .model instead of training one (must be lossless, pad_id 0)."""
     vocab_size: int = 0
-    """SentencePiece vocabulary size (including 4 specials and 256 byte-fallback pieces); 0 sizes it from
-    the corpus: 64 * round(8 * sqrt(corpus bytes) / 64), within [512, 4096] (why: data_prep/vocab.py)."""
+    """SentencePiece vocabulary size (including 4 specials and 256 byte-fallback pieces); 0 (the default)
+    sizes it from the corpus: 64 * round(8 * sqrt(corpus bytes) / 64), within [512, 4096] (why: data_prep/vocab.py)."""
     model_type: str = "unigram"
     """SentencePiece model type."""
     tokenizer_train_mb: float = 4.0
