@@ -43,8 +43,9 @@ class PrepConfig:
     """Tokenizer kind: a trained SentencePiece model, or raw bytes (256 ids + specials)."""
     tokenizer_model: Path | None = None
     """Reuse this SentencePiece .model instead of training one (must be lossless, pad_id 0)."""
-    vocab_size: int = 8000
-    """SentencePiece vocabulary size (including 4 specials and 256 byte-fallback pieces)."""
+    vocab_size: int = 0
+    """SentencePiece vocabulary size (including 4 specials and 256 byte-fallback pieces); 0 (the default)
+    sizes it from the corpus: 64 * round(8 * sqrt(corpus bytes) / 64), within [512, 4096] (why: data_prep/vocab.py)."""
     model_type: str = "unigram"
     """SentencePiece model type."""
     tokenizer_train_mb: float = 4.0
@@ -102,9 +103,11 @@ class PrepConfig:
                 raise ValueError("--tokenizer-model needs --tokenizer sentencepiece")
             if not self.tokenizer_model.is_file():
                 raise bad("--tokenizer-model", self.tokenizer_model, "file does not exist")
-        if not 261 <= self.vocab_size <= 1_000_000:
+        if self.vocab_size != 0 and not 261 <= self.vocab_size <= 1_000_000:
             raise bad(
-                "--vocab-size", self.vocab_size, "must be in [261, 1000000] (4 specials + 256 bytes + pieces)"
+                "--vocab-size",
+                self.vocab_size,
+                "must be 0 (sized from the corpus) or in [261, 1000000] (4 specials + 256 bytes + pieces)",
             )
         if not 1 <= self.max_seq_len <= 1 << 20:
             raise bad("--max-seq-len", self.max_seq_len, "must be in [1, 1048576]")

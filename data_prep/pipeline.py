@@ -39,8 +39,9 @@ from data_prep.config import PrepConfig
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
 from data_prep.format import FORMAT_VERSION, MANIFEST_FILE, META_FILE, SPLITS, TOKENIZER_FILE
-from data_prep.spm_train import train_sentencepiece
+from data_prep.spm_train import VocabSizeError, train_sentencepiece
 from data_prep.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from data_prep.vocab import AUTO, auto_vocab_size
 
 log = logging.getLogger(__name__)
 MAX_EXAMPLES_SHOWN = 3
@@ -272,7 +273,27 @@ def _cpu_s() -> float:
     return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | None) -> Tokenizer:
+def _train_spm(sample: list[str], cfg: PrepConfig, vocab_size: int) -> bytes:
+    """SentencePiece at `vocab_size`; with --vocab-size 0 (the corpus-sized rule) a size this text cannot
+    support becomes the nearest one it can."""
+    try:
+        return train_sentencepiece(
+            sample, vocab_size=vocab_size, model_type=cfg.model_type, num_threads=SPM_TRAIN_THREADS
+        )
+    except VocabSizeError as exc:
+        if cfg.vocab_size != AUTO:
+            raise
+        log.info(
+            "vocab %d does not fit this text; SentencePiece can make %d: using that", vocab_size, exc.feasible
+        )
+        return train_sentencepiece(
+            sample, vocab_size=exc.feasible, model_type=cfg.model_type, num_threads=SPM_TRAIN_THREADS
+        )
+
+
+def _tokenizer(
+    cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | None, vocab_size: int
+) -> Tokenizer:
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
     path = out / TOKENIZER_FILE
@@ -286,16 +307,15 @@ def _tokenizer(cfg: PrepConfig, out: Path, manifest: dict, sample: list[str] | N
             raise RuntimeError("tokenizer sample missing")
         mb = sum(len(t.encode()) for t in sample) / 1e6
         log.info(
-            "training SentencePiece %s, vocab %d, on %d train documents (%.1f MB)",
+            "training SentencePiece %s, vocab %d%s, on %d train documents (%.1f MB)",
             cfg.model_type,
-            cfg.vocab_size,
+            vocab_size,
+            " (sized from the corpus)" if cfg.vocab_size == AUTO else "",
             len(sample),
             mb,
         )
         t0 = time.perf_counter()
-        proto = train_sentencepiece(
-            sample, vocab_size=cfg.vocab_size, model_type=cfg.model_type, num_threads=SPM_TRAIN_THREADS
-        )
+        proto = _train_spm(sample, cfg, vocab_size)
         log.info("tokenizer trained in %.1f s", time.perf_counter() - t0)
         tok = SentencePieceTokenizer(proto)
         tok.check_lossless("trained tokenizer")
@@ -371,7 +391,8 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
             sample = samples[0].texts(drop={u for u, _ in scan["moves"]})
         else:
             sample = samples[1].texts()
-    tok = _tokenizer(cfg, out, manifest, sample)
+    vocab_size = cfg.vocab_size or auto_vocab_size(scan["bytes"])
+    tok = _tokenizer(cfg, out, manifest, sample, vocab_size)
     del sample, samples
 
     skip_blocks = shards.keep_finished(out, manifest)

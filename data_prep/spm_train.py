@@ -25,6 +25,14 @@ MAX_LINE_BYTES = 8192
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 
+class VocabSizeError(UserError):
+    """This text cannot train a vocabulary of the asked size; `feasible` is the nearest size it can."""
+
+    def __init__(self, message: str, feasible: int) -> None:
+        super().__init__(message)
+        self.feasible = feasible
+
+
 @contextmanager
 def _captured_stderr() -> Iterator[io.StringIO]:
     """Send fd 2 (where C++ libraries log) to a temp file; yield a buffer filled with it afterwards."""
@@ -83,16 +91,18 @@ def train_sentencepiece(docs: Iterable[str], *, vocab_size: int, model_type: str
             r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)", error
         )
         if too_high:
-            raise UserError(
+            raise VocabSizeError(
                 f"--vocab-size {too_high.group(1)} is too large for this training text: SentencePiece can make "
                 f"at most {too_high.group(2)} pieces; pass --vocab-size {too_high.group(2)} or less, "
-                "more text, or --tokenizer byte"
+                "more text, or --tokenizer byte",
+                int(too_high.group(2)),
             )
         too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", error)
         if too_low:
-            raise UserError(
+            raise VocabSizeError(
                 f"--vocab-size {too_low.group(1)} is too small: the 4 specials, 256 byte pieces and the "
-                f"corpus's characters need {too_low.group(2)}; pass --vocab-size {too_low.group(2)} or more"
+                f"corpus's characters need {too_low.group(2)}; pass --vocab-size {too_low.group(2)} or more",
+                int(too_low.group(2)),
             )
         tail = " | ".join(logbuf.getvalue().strip().splitlines()[-3:])
         raise UserError(f"SentencePiece training failed: {error.strip()} ({tail})")

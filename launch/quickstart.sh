@@ -2,9 +2,11 @@
 # The main job, end to end on the embedded default corpus (CPython's docs + stdlib sources; no download):
 #   1. set up .venv   2. prepare data   3. train on 2 processes (2 pipeline stages, ZeRO-1)
 #   4. evaluate on the test split (+ gzip/bzip2/xz reference)   5. export   6. print a sample
-# Environment: STEPS (default 150), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart), DATA (data/default),
-# DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DS_LOG_LEVEL (DeepSpeed launcher's log level, default error:
+# Environment: MINUTES (training time budget, default 4: the whole script takes about 5-6 minutes on 2 cores),
+# STEPS (train this many steps instead of MINUTES), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart),
+# DATA (data/default), DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DS_LOG_LEVEL (DeepSpeed launcher's log level, default error:
 # its INFO lines are start-up noise), DRY_RUN=1 prints the commands only.
+# Rerunning resumes OUT: with a larger MINUTES (or STEPS) it trains on to the new total.
 # The steps use the console scripts the install provides (mlstm-prep, mlstm-eval, ...; see README).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,8 +15,8 @@ cd "$ROOT"
 
 DATA="${DATA:-data/default}"
 OUT="${OUT:-runs/quickstart}"
-STEPS="${STEPS:-150}"
 NUM_PROCS="${NUM_PROCS:-2}"
+if [ -n "${STEPS:-}" ]; then length=(--max-steps "$STEPS"); else length=(--time-budget "${MINUTES:-4}"); fi
 
 run() {
   echo "+ $*" >&2
@@ -24,13 +26,13 @@ run() {
 if [ -f "$DATA/meta.json" ]; then
   echo "[quickstart] reusing prepared data in $DATA (delete it to prepare again)"
 else
-  run mlstm-prep --out "$DATA" --vocab-size 2000 --max-seq-len 128
+  run mlstm-prep --out "$DATA" --max-seq-len 128  # SentencePiece sized from the corpus (the default)
 fi
 run deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/train.py \
   --deepspeed_config "${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" \
   --data "$DATA" --pipeline-stages 2 --out "$OUT" --model-config "${MODEL:-small}" \
-  --max-steps "$STEPS" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
-  --wandb-mode "${WANDB_MODE:-offline}"
+  "${length[@]}" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
+  --test-eval false --wandb-mode "${WANDB_MODE:-offline}"  # the test split is evaluated next, with compressors
 run mlstm-eval --checkpoint "$OUT" --data "$DATA" --split test --text README.md
 run mlstm-export --checkpoint "$OUT" --out "$OUT/export"
 run mlstm-generate --checkpoint "$OUT/export" --prompt "def " --max-new-tokens 200 \

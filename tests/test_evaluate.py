@@ -7,6 +7,7 @@ against the run's own final_metrics.json (computed by the training engine at the
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -140,8 +141,10 @@ def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_
 
 @pytest.mark.slow
 def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
-    """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model."""
-    from launcher import CPU_CONFIG, train
+    """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model.
+    The run is time-budgeted (--time-budget): it stops on rank 0's clock with its final save and
+    evaluation, its lr following the budget schedule on both ranks."""
+    from launcher import CPU_CONFIG, metrics, train
     from run_files import check_samples
     from test_export import exported_equals_checkpoint
 
@@ -153,13 +156,27 @@ def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     ds.write_text(json.dumps(cfg))
     assert ds != CPU_CONFIG
     out = tmp_path / "z3"
-    train(2, prepared_dir, out, "--max-steps", "3", "--wandb-mode", "disabled", stages=1, config=ds)
+    p = train(2, prepared_dir, out, "--time-budget", "0.3", "--warmup-steps", "2", "--eval-every", "0",
+              "--wandb-mode", "disabled", stages=1, config=ds)  # fmt: skip
+    final = json.loads((out / "final_metrics.json").read_text())
+    assert final["stopped_by"] == "time" and final["time_budget_s"] == 18.0 and final["step"] >= 3, final
+    assert "time budget: stopping after step" in p.stderr
+    latest = (out / "checkpoints" / "latest").read_text()
+    assert latest == f"step_{final['step']:08d}", "the run must end with a save of its last step"
+    state = json.loads((out / "checkpoints" / latest / "app_state.json").read_text())
+    assert 0 < state["train_seconds"] <= final["train_seconds"] and 0 <= state["decay_from"] < 1, state
+    lrs = [m["train/lr"] for m in metrics(out) if "train/lr" in m]
+    peak = cfg["optimizer"]["params"]["lr"]
+    assert lrs[:2] == pytest.approx([peak / 2, peak]), "the warmup counts steps"
+    assert all(a >= b for a, b in itertools.pairwise(lrs[1:])) and lrs[-1] < 0.5 * peak, lrs
     src = open_source(out)
     assert src.zero_stage == 3 and not any(src.path.glob("layer_*"))
     one = evaluate_cli(out, tmp_path / "z3.json", "--data", str(prepared_dir))
     same_numbers(one, json.loads((out / "final_metrics.json").read_text()), TEST_KEYS)
     exported_equals_checkpoint(out, tmp_path / "exp")
-    check_samples(out, [3])  # taken at the final validation from the weights ZeRO-3 gathered for them
+    check_samples(
+        out, [final["step"]]
+    )  # taken at the final validation from the weights ZeRO-3 gathered for them
 
 
 @pytest.mark.slow

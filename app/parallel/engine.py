@@ -143,3 +143,10 @@ class Engine:
 
     def lr(self) -> float:
         return float(self.ds.get_lr()[0])
+
+    def set_lr_scale(self, multiplier: float) -> None:
+        """Set the next step's lr to the DS config's peak x `multiplier` in every parameter group (a
+        time-budgeted run's schedule follows the clock, which the step-indexed scheduler cannot know)."""
+        sched = self.ds.lr_scheduler
+        for group, peak in zip(sched.optimizer.param_groups, sched.base_lrs, strict=True):
+            group["lr"] = peak * multiplier

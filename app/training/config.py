@@ -36,7 +36,14 @@ class TrainConfig:
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides --epochs)."""
     epochs: float | None = None
-    """Train for this many passes over the training split (default 1 when --max-steps is not given)."""
+    """Train for this many passes over the training split (default 1 when neither --max-steps nor
+    --time-budget is given)."""
+    time_budget: float | None = None
+    """Minutes of training on the wall clock: the lr decays over the elapsed share of the budget (warmup
+    still counts --warmup-steps) and the run stops in time for its final evaluation and save, estimated
+    from measured evaluation and save times. Counts the loop from the first step, not start-up or the
+    sanity evaluation; carried across resumes.
+    --max-steps/--epochs, when given, stop it earlier. Not step-reproducible (the clock decides)."""
     eval_every: int = 200
     """Evaluate on the validation split every N steps (0: only at the end)."""
     eval_max_batches: int = 0
@@ -100,7 +107,8 @@ class TrainConfig:
     plots: bool = True
     """Write PNG plots of metrics.jsonl to <out>/plots/ (matplotlib) at each validation and at the end."""
     deterministic: bool = True
-    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU."""
+    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU
+    (not with --time-budget, where the clock sets the lr and the last step)."""
     progress: bool = True
     """Show a progress bar on rank 0 when stderr is a terminal (never in a log file or pipe)."""
     verbose: bool = False
@@ -125,6 +133,11 @@ class TrainConfig:
             self.max_steps is None or self.max_steps >= 1, "max_steps", f"must be >= 1, got {self.max_steps}"
         )
         need(self.epochs is None or self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        need(
+            self.time_budget is None or self.time_budget > 0,
+            "time_budget",
+            f"must be > 0 minutes, got {self.time_budget}",
+        )
         for name in ("eval_every", "eval_max_batches", "sanity_eval_batches", "save_every", "warmup_steps"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")

@@ -44,7 +44,7 @@ class StepLogger:
         flops_per_token: float,
         peak_flops: float,
         world: int,
-        total_steps: int,
+        total_steps: int | None,
         steps_per_epoch: int,
         log_every: int,
         progress: bool,
@@ -86,8 +86,10 @@ class StepLogger:
             self.bar.set_postfix(loss=f"{s.loss:.3f}", tok_s=fmt_count(s.tokens / s.seconds))
         if s.step % self.log_every == 0 or s.step == self.total:
             tps = self.window_tokens / max(self.window_time, 1e-9)
+            # no total: a --time-budget run, which the clock stops
+            of = "" if self.total is None else f"/{self.total}"
             line = (
-                f"step {s.step}/{self.total} | loss {s.loss:.4f} | bpb {metrics['train/bpb']:.3f} | "
+                f"step {s.step}{of} | loss {s.loss:.4f} | bpb {metrics['train/bpb']:.3f} | "
                 f"lr {s.lr:.2e} | gnorm {gnorm:.3f} | tok/s {fmt_count(tps)} | "
                 f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self.flops_tok * tps / self.peak_all:.1%} | "
                 f"skipped {s.skipped_total}"

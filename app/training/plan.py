@@ -38,7 +38,7 @@ class RunPlan:
     data: RunData
     world: int
     steps_per_epoch: int
-    total_steps: int
+    total_steps: int | None  # None: only the --time-budget clock stops the run
 
     def resolved(self, threads: int) -> dict:
         """The run's resolved config (config.json, checkpoints, W&B); `--config` reads it back."""
@@ -90,5 +90,7 @@ def plan_run(
     )
     data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch)
     steps_per_epoch = data.schedule("train").steps_per_epoch
-    total_steps = cfg.max_steps or max(1, math.ceil((cfg.epochs or 1.0) * steps_per_epoch))
+    total_steps: int | None = cfg.max_steps
+    if cfg.max_steps is None and (cfg.epochs or cfg.time_budget is None):
+        total_steps = max(1, math.ceil((cfg.epochs or 1.0) * steps_per_epoch))
     return RunPlan(cfg, model_cfg, ds_json, src, layout, data, world, steps_per_epoch, total_steps)

@@ -43,6 +43,7 @@ from app.training.plan import open_inputs, plan_run
 from app.training.plots import plot_run
 from app.training.samples import read_prompts, sample_texts
 from app.training.schedule import lr_multiplier
+from app.training.time_budget import TimeBudget
 from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
 from data_prep.tokenizer import load_tokenizer
 
@@ -59,6 +60,8 @@ class TrainState:
     tokens: int = 0  # tokens trained on so far (real ones, pads excluded)
     wandb_id: str | None = None
     last_saved: int = -1
+    train_seconds: float = 0.0  # rank 0's training time up to the last save (--time-budget counts it)
+    decay_from: float | None = None  # --time-budget: the budget fraction at which the warmup ended
 
 
 class Trainer:
@@ -84,12 +87,18 @@ class Trainer:
         self.root = self.run_dir / "checkpoints"
         self.resolved = plan.resolved(self.threads)
         self.state = TrainState()
+        self.budget: TimeBudget | None = None
+        self.stopped_by = "steps"
+        self._reserve_warned = False
         lay = self.layout
+        length = f"{self.total_steps} steps" if self.total_steps else "no step limit"
+        if cfg.time_budget:
+            length = f"time budget {cfg.time_budget:g} min, {length}"
         self._info(
             f"world {self.world} = {lay.stages} stages x {lay.data_parallel} data-parallel | "
             f"batch {lay.train_batch} = micro {lay.micro_batch} x accum {lay.grad_accum} x dp "
             f"{lay.data_parallel} | ZeRO-{lay.zero_stage} {lay.precision} | lr {cfg.lr:g} | "
-            f"{self.total_steps} steps ({self.steps_per_epoch}/epoch) | {self.threads} threads/process"
+            f"{length} ({self.steps_per_epoch}/epoch) | {self.threads} threads/process"
         )
 
     def _info(self, msg: str) -> None:
@@ -117,6 +126,8 @@ class Trainer:
         dist.barrier()
         if saved is not None:
             self._resume(tag, saved)
+        if cfg.time_budget:
+            self.budget = self._time_budget()
         self.tracker = self.metrics = None
         if self.rank == 0:
             atomic_write(self.run_dir / "config.json", json.dumps(self.resolved, indent=1, default=str))
@@ -161,19 +172,22 @@ class Trainer:
         lengths = self.data.store("train").lengths
         timing_len = max(8, int(np.median(lengths)))
         timing_batch = self.cfg.tokens_per_micro_batch // timing_len or self.layout.micro_batch
+        lr_lambda = None  # --time-budget: the clock sets the lr before every step (Engine.set_lr_scale)
+        if not self.cfg.time_budget:
+            lr_lambda = functools.partial(
+                lr_multiplier,
+                warmup=self.cfg.warmup_steps,
+                total=self.total_steps,
+                decay=self.cfg.lr_decay,
+                min_ratio=self.cfg.min_lr_ratio,
+            )
         return Engine(
             self.model_cfg,
             self.layout,
             engine_config(self.ds_json, self.layout),
             seed=self.cfg.seed,
             partition_method=self.cfg.partition_method,
-            lr_lambda=functools.partial(
-                lr_multiplier,
-                warmup=self.cfg.warmup_steps,
-                total=self.total_steps,
-                decay=self.cfg.lr_decay,
-                min_ratio=self.cfg.min_lr_ratio,
-            ),
+            lr_lambda=lr_lambda,
             layer_costs=recorded_costs,
             timing_shape=(max(1, timing_batch), timing_len),
         )
@@ -195,8 +209,72 @@ class Trainer:
             tokens=saved.get("tokens", 0),  # absent in checkpoints written before it was recorded
             wandb_id=saved.get("wandb_id"),
             last_saved=saved["step"],
+            train_seconds=float(saved.get("train_seconds", 0.0)),  # absent in checkpoints before the budget
+            decay_from=saved.get("decay_from"),
         )
-        self._info(f"resumed from {self.root / tag} at step {self.state.step}")
+        self._info(
+            f"resumed from {self.root / tag} at step {self.state.step} "
+            f"({self.state.train_seconds:.0f} s of training before)"
+        )
+
+    def _time_budget(self) -> TimeBudget:
+        cfg = self.cfg
+        tokens = {s: int(np.sum(self.data.store(s).lengths)) for s in ("validation", "test")}
+        val_batches = self.data.schedule("validation").steps_per_epoch
+        capped = min(1.0, cfg.eval_max_batches / max(1, val_batches)) if cfg.eval_max_batches else 1.0
+        budget = TimeBudget(
+            cfg.time_budget * 60.0,
+            decay_from=self.state.decay_from,
+            final_eval_tokens=tokens["validation"] + (tokens["test"] if cfg.test_eval else 0),
+            periodic_eval_tokens=int(capped * tokens["validation"]),
+            params=self.n_params,
+            warmup=cfg.warmup_steps,
+            decay=cfg.lr_decay,
+            min_ratio=cfg.min_lr_ratio,
+            eval_every=cfg.eval_every,
+            save_every=cfg.save_every,
+        )
+        left = budget.budget_s - self.state.train_seconds
+        self._info(
+            f"time budget {cfg.time_budget:g} min ({left:.0f} s left): the lr decays over the training time, "
+            f"which ends in time for the final evaluation and save (not step-reproducible)"
+        )
+        return budget
+
+    def _elapsed(self) -> float:
+        """Training seconds so far: earlier runs' (from the checkpoint) plus this run's loop."""
+        return self._spent_before + time.monotonic() - self._loop_start
+
+    def _budget_allows_a_step(self) -> bool:
+        """Rank 0 decides (lr, stop) on its clock; every rank applies the same decision."""
+        decision = torch.zeros(2, dtype=torch.float64, device=self.engine.device)
+        if self.rank == 0:
+            mult, stop = self.budget.decide(self.state.step, self._elapsed())
+            decision[0], decision[1] = mult, float(stop)
+            want = self.budget.estimated_reserve()
+            if want > self.budget.reserve() and not self._reserve_warned:
+                self._reserve_warned = True
+                self.log.warning(
+                    f"time budget: the final evaluation and save are estimated at {want:.0f} s, more than "
+                    f"half the budget; keeping {self.budget.reserve():.0f} s (the run may end late). A smaller "
+                    "validation split (data_prep --val-fraction) or --test-eval false shortens them"
+                )
+        dist.broadcast(decision, src=0)
+        self.engine.set_lr_scale(float(decision[0]))
+        if decision[1]:
+            self.stopped_by = "time"
+            if self.rank == 0:
+                self.log.info(
+                    f"time budget: stopping after step {self.state.step} at {self._elapsed():.0f} s of "
+                    f"{self.budget.budget_s:.0f} s, keeping {self.budget.reserve():.0f} s for the final "
+                    "evaluation and save"
+                )
+        return not decision[1]
+
+    def _more_steps(self) -> bool:
+        if self.total_steps is not None and self.state.step >= self.total_steps:
+            return False
+        return self.budget is None or self._budget_allows_a_step()
 
     def _start_tracking(self, rewind_to: int | None) -> None:
         cfg = self.cfg
@@ -230,17 +308,18 @@ class Trainer:
         cfg, st = self.cfg, self.state
         if cfg.sanity_eval_batches:
             self.validate("validation", "sanity", cfg.sanity_eval_batches)
+        self._loop_start, self._spent_before = time.monotonic(), st.train_seconds  # the budget's clock
         schedule = self.data.schedule("train")
         plan, plan_epoch = None, -1
-        while st.step < self.total_steps:
+        while self._more_steps():
             epoch, k = divmod(st.step, self.steps_per_epoch)
             if epoch != plan_epoch:
                 plan, plan_epoch = schedule.epoch(epoch), epoch
             self.train_step(plan[k])
             if st.consecutive_skips >= cfg.max_consecutive_skips:  # every rank agrees: the decision is global
                 return self._stop_non_finite()
-            if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step < self.total_steps:
-                self.validate("validation", "val", cfg.eval_max_batches)
+            if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step != self.total_steps:
+                self.validate("validation", "val", cfg.eval_max_batches, periodic=True)
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
             faults.hang_after(st.step)
@@ -249,6 +328,7 @@ class Trainer:
     def train_step(self, global_mbs: list) -> None:
         """One optimizer step over the global batch `global_mbs` (this rank feeds its share)."""
         st = self.state
+        t_start = time.perf_counter()
         tokens = sum(mb.tokens for mb in global_mbs)
         schedule, store = self.data.schedule("train"), self.data.store("train")
         mine = schedule.for_rank(global_mbs, self.engine.dp_rank)
@@ -259,6 +339,8 @@ class Trainer:
         t0 = time.perf_counter()
         loss = self.engine.train_step(batches, tokens, nan=faults.nan_at(st.step + 1))
         dt = time.perf_counter() - t0
+        if self.budget is not None:
+            self.budget.note_step(time.perf_counter() - t_start, tokens)
         st.step += 1
         st.tokens += tokens
         applied = self.engine.step_applied() and math.isfinite(loss)
@@ -285,17 +367,19 @@ class Trainer:
             )
         )
 
-    def validate(self, split: str, prefix: str, max_batches: int = 0) -> dict:
+    def validate(self, split: str, prefix: str, max_batches: int = 0, periodic: bool = False) -> dict:
         """Exact loss over `split` (at most `max_batches` global batches when > 0); logged under `prefix`."""
         t0 = time.perf_counter()
         store, schedule = self.data.store(split), self.data.schedule(split)
         res = evaluate(self.engine, schedule, store, self.data.bos, self.data.pad, max_batches)
         out = res.as_dict(prefix)
-        step = self.state.step
+        step, seconds = self.state.step, time.perf_counter() - t0
+        if self.budget is not None:
+            self.budget.note_eval(seconds, res.tokens, periodic)
         if self.rank == 0:
             self.log.info(
                 f"{prefix} @ step {step}: loss {res.loss:.4f} nats/token | ppl {res.perplexity:.2f} | "
-                f"{res.bits_per_byte:.4f} bits/byte | {res.tokens} tokens in {time.perf_counter() - t0:.1f}s"
+                f"{res.bits_per_byte:.4f} bits/byte | {res.tokens} tokens in {seconds:.1f}s"
             )
             self.tracker.log_metrics(out, step)
         if not math.isfinite(res.loss):
@@ -349,6 +433,10 @@ class Trainer:
         """A complete checkpoint of this step on every rank, committed by rank 0 once all have written."""
         st = self.state
         tag = ckpt.tag_for(st.step)
+        t0 = time.perf_counter()
+        if self.rank == 0:
+            st.train_seconds = self._elapsed()  # what a resume continues from
+            st.decay_from = self.budget.decay_from if self.budget is not None else None
 
         def write() -> None:
             if self.rank == 0:
@@ -366,6 +454,8 @@ class Trainer:
                 "tokens": st.tokens,
                 "sampler": self.data.schedule("train").fingerprint(),
                 "wandb_id": st.wandb_id,
+                "train_seconds": st.train_seconds,
+                "decay_from": st.decay_from,
                 "config": self.resolved,
                 "model_config": self.model_cfg.to_dict(),
                 "tokenizer": self.data.tokenizer,
@@ -382,12 +472,17 @@ class Trainer:
         run_on_all_ranks(write, self.root, tag, self.engine.device)
         run_on_all_ranks(commit, self.root, tag, self.engine.device)
         st.last_saved = st.step
+        if self.budget is not None:
+            self.budget.note_save(time.perf_counter() - t0)
         if self.rank == 0:
             self._log_model(tag)
 
     def _log_model(self, tag: str) -> None:
         """Rank 0: the checkpoint just saved, exported, as a W&B model artifact (--wandb-artifacts)."""
-        mode, last = self.cfg.wandb_artifacts, self.state.step >= self.total_steps
+        mode = self.cfg.wandb_artifacts
+        last = self.stopped_by == "time" or (
+            self.total_steps is not None and self.state.step >= self.total_steps
+        )
         if mode == "none" or (mode == "final" and not last) or self.tracker.run is None:
             return
         aliases = [f"step-{self.state.step}", *(["final"] if last else [])]
@@ -406,12 +501,22 @@ class Trainer:
         if self.cfg.test_eval and len(self.data.store("test")):
             final |= self.validate("test", "test")
         if self.rank == 0:
-            summary = {**final, "step": st.step, "skipped_total": st.skipped_total, "params": self.n_params}
+            summary = {
+                **final,
+                "step": st.step,
+                "skipped_total": st.skipped_total,
+                "params": self.n_params,
+                "train_seconds": round(self._elapsed(), 2),
+                "stopped_by": self.stopped_by,
+                "time_budget_s": self.budget.budget_s if self.budget is not None else None,
+            }
             atomic_write(self.run_dir / "final_metrics.json", json.dumps(summary, indent=1))
             self.tracker.summary(summary)
             self.tracker.close()
             self.log.info(
-                f"done: {st.step} steps, {self.n_params / 1e6:.2f}M parameters; run directory {self.run_dir}"
+                f"done: {st.step} steps, {self.n_params / 1e6:.2f}M parameters, {summary['train_seconds']:.0f} s "
+                f"of training{'' if self.budget is None else f' of a {self.budget.budget_s:.0f} s budget'}; "
+                f"run directory {self.run_dir}"
             )
         dist.barrier()
         return 0

@@ -1,0 +1,155 @@
+"""`--time-budget`: when a wall-clock-budgeted run stops, and where its learning rate stands meanwhile.
+
+What the budget counts: the training loop from its first step to the end of the final evaluation, save
+and test evaluation, on rank 0's clock. Start-up (process launch, engine build, the fused core's one-off
+compile, the sanity evaluation) is not counted. A checkpoint records the training seconds spent
+so far, so a resumed run continues the same budget (time after the last checkpoint of a killed run is
+lost with the steps it paid for).
+
+The stop rule, decided by rank 0 before every step and broadcast (`Trainer` does the broadcast; every rank
+then sets the same lr and stops at the same step):
+
+    stop when  elapsed + next step (+ the periodic evaluation / save it triggers) + reserve  >  budget
+
+where `reserve` is the final phase (the whole validation split, a save, the test split) estimated from
+what this run measured: seconds per evaluated token from the latest evaluation (not the first one, whose
+time is mostly one-off work: kernel choices, allocations; before a usable one, half the training time
+per token, an overestimate as a forward pass is about a third of a step), the latest save (before any, a
+guess from the parameter count), each scaled by SAFETY plus MARGIN_S seconds for closing the logs, and
+at most MAX_RESERVE of the budget (a larger estimate is logged: training that time matters more than
+ending on the second). The step estimate is the median of the last few steps. The learning rate decays
+over the training time: the elapsed share of `budget - reserve` (see `schedule.budget_lr_multiplier`).
+
+Time-budgeted runs are not step-reproducible: the stop step and every post-warmup learning rate depend
+on the machine's speed and load (two runs with the same seed agree until their clocks differ).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from app.training.schedule import budget_lr_multiplier
+
+SAFETY = 1.5  # the final phase's estimate is scaled by this (evaluation speed varies with load)
+MARGIN_S = 3.0  # closing the logs, the summary, the last barrier
+SAVE_BYTES_PER_PARAM = 16  # fp32 weights + Adam's two moments + slack, before a save has been timed
+SAVE_GUESS_BYTES_PER_S = 100e6
+RECENT_STEPS = 5
+EVAL_VS_STEP = 0.5  # evaluation seconds per token over training seconds per token, before one is timed
+MAX_RESERVE = 0.5  # the final phase may take at most this share of the budget
+
+
+def should_stop(elapsed_s: float, budget_s: float, next_cost_s: float, reserve_s: float) -> bool:
+    """True when the next step (and what it triggers) would not leave `reserve_s` for the final phase."""
+    return elapsed_s + next_cost_s + reserve_s > budget_s
+
+
+def train_fraction(elapsed_s: float, budget_s: float, reserve_s: float) -> float:
+    """The elapsed share of the budget's training time (budget minus the final phase), in [0, 1]."""
+    span = budget_s - reserve_s
+    return 1.0 if span <= 0 else min(1.0, max(0.0, elapsed_s / span))
+
+
+@dataclass(slots=True)
+class Estimates:
+    """What this run measured, for the stop rule: step, evaluation and save times."""
+
+    eval_s_per_token: float | None = None
+    periodic_eval_s: float | None = None
+    save_s: float | None = None
+    step_tokens: float | None = None
+    evals_seen: int = 0
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+
+    def step_s(self) -> float:
+        return statistics.median(self.steps) if self.steps else 0.0
+
+    def eval_rate(self) -> float:
+        """Seconds per evaluated token; before any evaluation, the training rate (an overestimate)."""
+        if self.eval_s_per_token is not None:
+            return self.eval_s_per_token
+        if self.steps and self.step_tokens:
+            return EVAL_VS_STEP * self.step_s() / self.step_tokens
+        return 0.0
+
+
+class TimeBudget:
+    """Rank 0's estimates and decisions for one run with `--time-budget` (the clock is the trainer's)."""
+
+    def __init__(
+        self,
+        budget_s: float,
+        *,
+        decay_from: float | None,
+        final_eval_tokens: int,
+        periodic_eval_tokens: int,
+        params: int,
+        warmup: int,
+        decay: str,
+        min_ratio: float,
+        eval_every: int,
+        save_every: int,
+    ) -> None:
+        self.budget_s, self.decay_from = budget_s, decay_from
+        self.final_eval_tokens, self.periodic_eval_tokens = final_eval_tokens, periodic_eval_tokens
+        self.params = params
+        self.lr_kw = dict(warmup=warmup, decay=decay, min_ratio=min_ratio)
+        self.eval_every, self.save_every = eval_every, save_every
+        self.est = Estimates()
+        self.fraction = 0.0
+
+    # ---- measurements
+    def note_step(self, seconds: float, tokens: int) -> None:
+        self.est.steps.append(seconds)
+        self.est.step_tokens = float(tokens)
+
+    def note_eval(self, seconds: float, tokens: int, periodic: bool) -> None:
+        self.est.evals_seen += 1
+        if self.est.evals_seen == 1:
+            return  # the first evaluation of a process pays one-off costs: its rate says little
+        if tokens > 0:
+            self.est.eval_s_per_token = seconds / tokens
+        if periodic:
+            self.est.periodic_eval_s = seconds
+
+    def note_save(self, seconds: float) -> None:
+        self.est.save_s = seconds
+
+    # ---- the estimates
+    def save_estimate(self) -> float:
+        if self.est.save_s is not None:
+            return self.est.save_s
+        return 1.0 + SAVE_BYTES_PER_PARAM * self.params / SAVE_GUESS_BYTES_PER_S
+
+    def estimated_reserve(self) -> float:
+        """Seconds the final phase is expected to need: full validation (+ test) evaluation and a save."""
+        final = self.final_eval_tokens * self.est.eval_rate() + self.save_estimate()
+        return SAFETY * final + MARGIN_S
+
+    def reserve(self) -> float:
+        """Seconds kept for the final phase (the estimate, at most MAX_RESERVE of the budget)."""
+        return min(self.estimated_reserve(), MAX_RESERVE * self.budget_s)
+
+    def next_cost(self, next_step: int) -> float:
+        """The next step, plus the periodic evaluation and save that step triggers."""
+        cost = self.est.step_s()
+        if self.eval_every and next_step % self.eval_every == 0:
+            periodic = self.est.periodic_eval_s
+            cost += periodic if periodic is not None else self.periodic_eval_tokens * self.est.eval_rate()
+        if self.save_every and next_step % self.save_every == 0:
+            cost += self.save_estimate()
+        return cost
+
+    # ---- the decision (rank 0)
+    def decide(self, step: int, elapsed: float) -> tuple[float, bool]:
+        """Before optimizer step `step` (0-based), `elapsed` training seconds into the budget (earlier
+        runs' included): (lr multiplier for the step, stop now)."""
+        reserve = self.reserve()
+        self.fraction = max(self.fraction, train_fraction(elapsed, self.budget_s, reserve))
+        if self.decay_from is None and step >= self.lr_kw["warmup"]:
+            self.decay_from = self.fraction  # the warmup just ended: the decay spans the rest of the time
+        stop = should_stop(elapsed, self.budget_s, self.next_cost(step + 1), reserve)
+        mult = budget_lr_multiplier(step, self.fraction, self.decay_from or 0.0, **self.lr_kw)
+        return mult, stop
