@@ -112,8 +112,8 @@ def test_fused_gradcheck():
 def test_matmul_paths_agree_and_timing_keeps_the_random_stream():
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(16, 40, generator=g), torch.randn(24, 40, generator=g)
-    for fn in matmul.paths().values():
-        torch.testing.assert_close(fn(x, w), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5)
+    for p in matmul.paths().values():
+        torch.testing.assert_close(p.run(x, p.prepare(w)), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5)
     torch.manual_seed(0)
     expected = torch.rand(4)
     torch.manual_seed(0)

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from app.model.matmul import grad_weight, linear, use_onednn
+from app.model import matmul
+from app.model.matmul import grad_weight, linear
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _build() -> None:
     # The name carries the torch version: a cached build against another torch's ABI is never reused.
     tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
     load(
-        name=f"mlstm_cpu_v3_torch{tv}",
+        name=f"mlstm_cpu_v4d_torch{tv}",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],
@@ -78,12 +79,45 @@ def fused_ops():
             try:
                 _build()
                 _state["ops"] = torch.ops.mlstm_cpu
+                _register_packed(torch.ops.mlstm_cpu.isa(-1))
             except Exception as e:  # any compiler / toolchain failure: fall back, say so once
                 _state["error"] = (
                     f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
                 )
                 log.warning("fused mLSTM core did not build (%s); using the Python core", _state["error"])
     return _state.get("ops")
+
+
+def _register_packed(isa: list[str]) -> None:
+    """Offer the packed GEMM's two tiles of the active ISA level as "step" paths (app/model/matmul.py)."""
+    ops = torch.ops.mlstm_cpu
+    _state["isa"] = isa
+    matmul.register_paths(
+        "step",
+        {
+            name: matmul.Path(
+                run=lambda x, pw, i=i: ops.packed_linear(x, pw[0], pw[1], i),
+                prepare=lambda w, i=i: (ops.pack(w, i), w.shape[0]),
+            )
+            for i, name in enumerate(isa[1:])
+        },
+    )
+
+
+def set_isa(level: int) -> list[str]:
+    """Cap the kernels' ISA level (2 AVX-512, 1 AVX2 + FMA, 0 baseline SSE2; never above the CPU's) ->
+    [level, tile names]. For tests: every level's code runs on one machine."""
+    isa = fused_ops().isa(level)
+    _register_packed(isa)
+    return isa
+
+
+def _path_code(m: int, k: int, n: int, dtype: torch.dtype) -> int:
+    """The op's code for the path measured fastest for this per-step product: 0 mm, 1 oneDNN, 2 + i the
+    packed GEMM with tile i of the active ISA level."""
+    name = matmul.choose(m, k, n, dtype, kind="step")
+    codes = {"mm": 0, "onednn": 1, **{t: 2 + i for i, t in enumerate(_state["isa"][1:])}}
+    return codes[name]
 
 
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -115,38 +149,41 @@ class FusedMLSTMFunction(torch.autograd.Function):
     def forward(ctx, x, w_in, bias, w_mh, w_m):
         B, T, D = x.shape
         H = w_mh.shape[0]
-        sdt = bias.dtype
-        ops = fused_ops()
-        xt = x.transpose(0, 1).contiguous()  # (T, B, D)
-        proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
-        pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
-        pg = proj[..., H:] + bias  # (T, B, 4H) W_x x_t + b
-        cdt = w_mh.dtype
+        sdt, cdt = bias.dtype, w_mh.dtype
+        # (T, B) token order: one step's rows contiguous in proj (a (B, T) buffer would put them a
+        # power-of-two stride apart, on the same L1 sets)
+        ops = fused_ops()  # buffers from its pool: no fresh pages to fault in every step
+        xt = ops.empty([T * B, D], x.dtype)  # (T*B, D)
+        xt.view(T, B, D).copy_(x.transpose(0, 1))
+        proj = linear(xt, w_in, out=ops.empty([T * B, 5 * H], x.dtype))  # (T*B, 5H) [W_mx x | W_x x]
+        if proj.dtype != sdt:
+            proj = ops.empty([T * B, 5 * H], sdt).copy_(proj)
+        proj = proj.view(T, B, 5 * H)
         # each per-step product on the path measured fastest for its shape (app/model/matmul.py)
-        dnn_r, dnn_g = use_onednn(B, H, H, cdt), use_onednn(B, H, 4 * H, cdt)
-        hs, cs, tcs, gates, ms, rs = ops.forward(pm, pg, w_mh, w_m, dnn_r, dnn_g)
-        ctx.save_for_backward(xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs)
-        return hs[1:].transpose(0, 1).contiguous()  # (B, T, H)
+        path_r, path_g = _path_code(B, H, H, cdt), _path_code(B, H, 4 * H, cdt)
+        y, hs, cs, tcs, gates, ms, rs, pms = ops.forward(
+            proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g
+        )  # y (B, T, H), written in place by the loop
+        ctx.save_for_backward(xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs)
+        return y  # (B, T, H)
 
     @staticmethod
     def backward(ctx, dy):
-        xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
-        T, B, D = xt.shape
-        H = w_mh.shape[0]
-        dyt = dy.transpose(0, 1).to(pm.dtype).contiguous()  # (T, B, H) state dtype
+        xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
+        T, B, H = pms.shape
+        D = xt.shape[1]
         cdt = w_mh.dtype
-        w_mh_t, w_m_t = w_mh.t().contiguous(), w_m.t().contiguous()  # (H, H), (H, 4H): products as x @ w.T
-        dnn_m, dnn_h = use_onednn(B, 4 * H, H, cdt), use_onednn(B, H, H, cdt)
-        dG, dPm, dR = fused_ops().backward(dyt, gates, cs, tcs, rs, pm, w_mh_t, w_m_t, dnn_m, dnn_h)
-        N = T * B
-        dG2, dPm2, X = dG.view(N, 4 * H), dPm.view(N, H), xt.view(N, D)
+        path_m, path_h = _path_code(B, 4 * H, H, cdt), _path_code(B, H, H, cdt)
+        dP, dR = fused_ops().backward(dy.to(pms.dtype), gates, cs, tcs, rs, pms, w_mh, w_m, path_m, path_h)
+        N = B * T
+        dP2 = dP.view(N, 5 * H)  # (T*B, 5H) rows [d(W_mx x) | dG]: columns in w_in's row order
+        dG2 = dP2[:, H:]  # (N, 4H) view
         d_w_m = grad_weight(dG2, ms.view(N, H))  # (4H, H)
         d_w_mh = grad_weight(dR.view(N, H), hs[:-1].reshape(N, H))  # (H, H)
-        d_bias = dG2.sum(dim=0, dtype=pm.dtype)  # (4H,)
-        d_w_in = torch.cat((grad_weight(dPm2, X), grad_weight(dG2, X)))  # (5H, D)
+        d_bias = dG2.sum(dim=0, dtype=pms.dtype)  # (4H,)
+        d_w_in = grad_weight(dP2, xt)  # (5H, D): both input projections in one product
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = linear(dG2, w_in[H:].t().contiguous())  # (N, D)
-            dx += linear(dPm2, w_in[:H].t().contiguous())
+            dx = linear(dP2, w_in.t().contiguous(), out=fused_ops().empty([N, D], dP2.dtype))  # (T*B, D), K = 5H
             dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
         return dx, d_w_in, d_bias, d_w_mh, d_w_m
