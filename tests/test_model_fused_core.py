@@ -113,7 +113,9 @@ def test_matmul_paths_agree_and_timing_keeps_the_random_stream():
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(16, 40, generator=g), torch.randn(24, 40, generator=g)
     for p in matmul.paths().values():
-        torch.testing.assert_close(p.run(x, p.prepare(w)), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            p.run(x, p.prepare(w)), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5
+        )
     torch.manual_seed(0)
     expected = torch.rand(4)
     torch.manual_seed(0)

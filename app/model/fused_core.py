@@ -184,6 +184,8 @@ class FusedMLSTMFunction(torch.autograd.Function):
         d_w_in = grad_weight(dP2, xt)  # (5H, D): both input projections in one product
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = linear(dP2, w_in.t().contiguous(), out=fused_ops().empty([N, D], dP2.dtype))  # (T*B, D), K = 5H
+            dx = linear(
+                dP2, w_in.t().contiguous(), out=fused_ops().empty([N, D], dP2.dtype)
+            )  # (T*B, D), K = 5H
             dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
         return dx, d_w_in, d_bias, d_w_mh, d_w_m

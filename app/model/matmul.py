@@ -89,9 +89,7 @@ def _rows_bucket(m: int, kind: str) -> int:
     return min(_ROWS_CAP[kind], 1 << max(0, (m - 1).bit_length()))
 
 
-def _time_paths(
-    fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: int = 5
-) -> dict[str, float]:
+def _time_paths(fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     """Seconds per product of each path: best of `rounds` bursts (~0.5 ms each), the paths interleaved
     within every round so that load from other processes on a shared machine hits them alike."""
     n, prep = {}, {}
