@@ -1,35 +1,48 @@
 """The mLSTM time loop compiled for CPU: forward and backward each one C++ op (csrc/mlstm_cpu.cpp).
 
 Same function, parameters and precision rules as `mlstm_core.MLSTMFunction` (the portable Python core,
-kept as fallback and reference); only the per-time-step loop moves out of Python. The input projection
-before the loop and the weight gradients after it stay large torch products (`app.model.matmul`).
+kept as fallback and reference); only the per-time-step loop moves out of Python. Before the loop, ONE
+product (T*B, D) x (D, 5H) for both input projections; after it, one product per weight gradient over
+all T*B tokens (d(w_in) and dx each one product, K = 5H), all routed by `app.model.matmul`.
 
-Per step, forward:  r = h_{t-1} W_mh^T (GEMM) -> m = pm_t * r (elementwise) -> m W_m^T (GEMM) ->
-ONE fused pass: pre-activations + bias, sigmoid/tanh gates, c_t, tanh(c_t), h_t.
-Per step, backward: ONE fused pass for every gate and cell derivative (dh, dc carry, dG) -> dG W_m
-(GEMM) -> one pass for d(pm), d(r) -> d(r) W_mh (GEMM). So the Python core's ~10 dispatched ops per
-step forward and ~9 backward become 2 GEMMs + 2 elementwise passes in one op call
-(`bench/mlstm_layer.py` counts them).
+Per step, forward (2 kernels):
+    r = h_{t-1} W_mh^T  [GEMM]  epilogue: keep r, m = pm_t * r
+    q = m W_m^T         [GEMM]  epilogue: pre-activations + bias, sigmoid/tanh gates, c_t, tanh c_t, h_t
+Per step, backward (2 kernels):
+    dm = dG_t W_m       [GEMM]  epilogue: d(pm) = dm * r, d(r) = dm * pm
+    dh = d(r) W_mh      [GEMM]  epilogue: every gate / cell derivative of step t-1 (dc carry, dG_{t-1},
+                                the bias gradient)
+The Python core dispatches ~10 ops per step forward and ~9 backward (`bench/mlstm_layer.py` counts them).
+
+Why it is fast on a CPU: the per-step products have only B rows, and a BLAS call per step pays dispatch,
+packing of the weight and generic blocking every step. Here each weight is packed ONCE per call into
+register-tile panels (gate-interleaved for W_m, so a tile holds the i, f, o, u pre-activations of the
+same units and the gate math runs on it while it is in L1) and a register-tiled kernel runs each step
+with no ATen dispatch inside the loop. Which path each per-step product takes (this packed GEMM with one
+of two tiles, MKL's mm, oneDNN's linear) is measured per shape at first use (kind "step" in
+app/model/matmul.py; the table goes into checkpoints like the others, so a resume is bit-exact).
+The op's (T, B, .) buffers come from a small pool in the extension: torch's CPU allocator gives large
+tensors fresh pages every step, and faulting them in cost 5-14 ms of a ~100 ms step.
 
 Build: on first use with torch.utils.cpp_extension.load (ninja), the way DeepSpeed JIT-builds its ops,
 cached under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); a failed build logs ONE warning
 and the Python core runs instead. No -march=native: the cache may be shared by machines with different
-CPUs, so the elementwise kernels are function-multiversioned (AVX-512 / AVX2+FMA / SSE2 clones picked at
-load time) and written to auto-vectorise; see the C++ file's header.
+CPUs, so every kernel is compiled for AVX-512, AVX2+FMA and SSE2 (own vector width and register tiles
+each) and the best level the CPU has is picked at load (`set_isa` lowers it: the tests run all three);
+see the C++ file's header.
 
-GPU design (not built here; the layout is chosen so it maps 1:1):
-- Per step the work is two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), and the elementwise passes.
-  On a GPU, `m = pm_t * r` becomes the epilogue of the first GEMM (cuBLASLt / CUTLASS epilogue, or a
-  tiny kernel), and the gate/cell pass is ONE fused kernel over B x H threads (each thread reads its four
-  pre-activations from the (B, 4H) GEMM output, writes gates, c, tanh c, h): 2 GEMMs + 1 fused kernel.
-  Backward mirrors it: 1 fused derivative kernel + 2 GEMMs (+ the d(pm), d(r) epilogue).
-- At small B the step is launch-bound (3 kernels x T steps): capture the whole T-step loop once per
-  (B, T, H, dtype) in a CUDA graph (torch.cuda.graphs) with the preallocated buffers used here (all
-  per-step tensors are slices of (T, B, .) buffers allocated before the loop, so addresses are static),
-  and replay it; backward likewise. That is where the per-step host overhead the CPU op removes goes
-  on a GPU.
+GPU design (not built here; the CPU op has the same structure, so it maps 1:1):
+- Per step: two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), each with its epilogue fused, exactly as
+  above: cuBLASLt / CUTLASS epilogues, or a GEMM kernel whose tile covers the four gates of the same
+  units (the gate-interleaved packing) so the gate/cell math runs on the accumulators. 2 kernels per
+  step each way, as on the CPU. dy enters through the backward epilogue, so no separate pass.
+- At small B the step is launch-bound (2 kernels x T steps): capture the whole T-step loop once per
+  (B, T, H, dtype) in a CUDA graph (torch.cuda.graphs) with buffers allocated before the loop (every
+  per-step tensor here is a slice of a (T, B, .) buffer, so addresses are static) and replay it;
+  backward likewise. That is where the per-step host overhead the CPU op removes goes on a GPU.
 - Beyond that, a persistent kernel keeping W_mh / W_m in shared memory / registers across steps (as
-  cuDNN's persistent RNN does) removes the weight re-reads per step for H up to ~1-2K.
+  cuDNN's persistent RNN does) removes the weight re-reads per step for H up to ~1-2K: the GPU analogue
+  of packing the weights once per call here.
 - The before-loop input projection and after-loop weight gradients are already single large GEMMs.
 """
 
@@ -61,7 +74,7 @@ def _build() -> None:
     # The name carries the torch version: a cached build against another torch's ABI is never reused.
     tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
     load(
-        name=f"mlstm_cpu_v4d_torch{tv}",
+        name=f"mlstm_cpu_v4h_torch{tv}",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],
@@ -174,13 +187,14 @@ class FusedMLSTMFunction(torch.autograd.Function):
         D = xt.shape[1]
         cdt = w_mh.dtype
         path_m, path_h = _path_code(B, 4 * H, H, cdt), _path_code(B, H, H, cdt)
-        dP, dR = fused_ops().backward(dy.to(pms.dtype), gates, cs, tcs, rs, pms, w_mh, w_m, path_m, path_h)
+        dP, dR, d_bias = fused_ops().backward(
+            dy.to(pms.dtype), gates, cs, tcs, rs, pms, w_mh, w_m, path_m, path_h
+        )
         N = B * T
         dP2 = dP.view(N, 5 * H)  # (T*B, 5H) rows [d(W_mx x) | dG]: columns in w_in's row order
         dG2 = dP2[:, H:]  # (N, 4H) view
         d_w_m = grad_weight(dG2, ms.view(N, H))  # (4H, H)
         d_w_mh = grad_weight(dR.view(N, H), hs[:-1].reshape(N, H))  # (H, H)
-        d_bias = dG2.sum(dim=0, dtype=pms.dtype)  # (4H,)
         d_w_in = grad_weight(dP2, xt)  # (5H, D): both input projections in one product
         dx = None
         if ctx.needs_input_grad[0]:

@@ -4,10 +4,13 @@ CPU float32 / bfloat16 `x @ w.T` has two candidate paths: `torch.mm` with a tran
 fp32, oneDNN for bf16) and oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`). Which wins depends on
 the CPU and the shape: on a Zen 5 box oneDNN won the per-step products of the large model 1.3-2x; on an
 AVX2 EPYC, MKL won the input projection; at (16 x 256) @ (256 x 256) MKL won by ~1.5x on a Zen 4. So the
-first product of each (rows, K, N, dtype) is timed on every available path (a few ms, rows capped at
-1024 so the big input projection is timed on a slice), the winner is cached for the process and logged
-once at INFO. Set MLSTM_MATMUL=mm or =onednn to force a path (e.g. for bitwise reproducibility across
-processes). CUDA, float64 and anything else go straight to `F.linear` / `torch.mm`.
+first product of each (kind, K, N, dtype) times every row bucket on every available path (a few ms,
+rows capped so the big input projection is timed on a slice), the winner is cached for the process and
+logged once at INFO. Kinds: "linear" (products made with torch ops) and "step" (the fused core's
+per-step products, which also have its packed GEMM; app/model/fused_core.py registers those paths, and
+float64 is measured too). Set MLSTM_MATMUL=<path> to force a path wherever a product has it (e.g. for
+bitwise reproducibility across processes). CUDA, float64 "linear" and anything else go straight to
+`F.linear` / `torch.mm`.
 
 bf16 on CPU is worth it only where the hardware runs it natively (AVX512-BF16 / AMX); elsewhere oneDNN
 emulates it several times slower than fp32. `bf16_is_native()` decides from oneDNN's report of native
@@ -91,7 +94,9 @@ def _rows_bucket(m: int, kind: str) -> int:
 
 def _time_paths(fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     """Seconds per product of each path: best of `rounds` bursts (~0.5 ms each), the paths interleaved
-    within every round so that load from other processes on a shared machine hits them alike."""
+    within every round so that load from other processes on a shared machine hits them alike. After
+    two rounds a path over twice the best so far stops being timed (it cannot win; on a loaded box a
+    multi-threaded path can take milliseconds per tiny product)."""
     n, prep = {}, {}
     for name, p in fns.items():
         prep[name] = p.prepare(w)
@@ -100,8 +105,11 @@ def _time_paths(fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: 
         p.run(x, prep[name])
         n[name] = max(1, min(50, int(5e-4 / max(time.perf_counter() - t0, 1e-7))))
     best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, p in fns.items():
+    racing = dict(fns)
+    for r in range(rounds):
+        if r >= 2:
+            racing = {k: p for k, p in racing.items() if best[k] <= 2 * min(best.values())}
+        for name, p in racing.items():
             t0 = time.perf_counter()
             for _ in range(n[name]):
                 p.run(x, prep[name])

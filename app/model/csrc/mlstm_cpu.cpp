@@ -115,29 +115,26 @@ AI double tanh_(double x) { return std::tanh(x); }
 // gates (B, 4H) activated [si, sf, so, tu]. NC > 0: a full tile of NC columns (a constant trip count, so
 // the loop vectorises at exactly that width); NC = 0: `nc` columns.
 
-// r = h_{t-1} W_mh^T: keep r and pm (for backward), m = pm * r (next product's operand and saved).
+// r = h_{t-1} W_mh^T: keep r and pm (for backward), m = pm * r (the next product's operand, kept too).
 template <class C, class S>
 struct FwdM {
   using CT = typename C::T;
   using ST = typename S::T;
-  CT *r, *m, *ms;  // r, m: (B, H); ms row stride ms_b
-  const ST* pm;    // row stride pm_b
-  ST* pms;         // (B, H)
-  int64_t H, pm_b, ms_b;
+  CT *r, *m;     // (B, H)
+  const ST* pm;  // row stride pm_b
+  ST* pms;       // (B, H)
+  int64_t H, pm_b;
   template <int NC>
   AI void cols(int64_t b, int64_t n0, int64_t nc, const ST* v) const {
     const int64_t n = NC ? NC : nc, o = b * H + n0;
     const ST* p = pm + b * pm_b + n0;
-    CT* mo = ms + b * ms_b + n0;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
       CT rv = C::st(v[k]);
       ST pv = p[k];
-      CT mv = C::st(pv * C::ld(rv));
       r[o + k] = rv;
       pms[o + k] = pv;
-      m[o + k] = mv;
-      mo[k] = mv;
+      m[o + k] = C::st(pv * C::ld(rv));
     }
   }
 };
@@ -206,15 +203,16 @@ struct BwdM {
 
 // dh_next = d(r) W_mh (or zero at the last step): every derivative of step s for units [j0, j0 + nu).
 // dh = dy + dh_next; dc carries dL/dc_s * sf_{s+1} from the later step and leaves with dL/dc_s * sf_s.
-// dG goes to dP (row stride dp_b) and to the (B, 4H) buffer the next product reads.
+// dG goes to dP (row stride dp_b; the next product reads it there) and into the bias gradient db (4H,)
+// (the sum of dG over all rows and steps, as stored: rounded to the compute dtype).
 template <class C, class S>
 struct BwdGates {
   using CT = typename C::T;
   using ST = typename S::T;
   const ST* dy;  // row stride dy_b
   const ST *gates, *cp, *tc;
-  ST* dc;
-  CT *dG, *dGs;
+  ST *dc, *db;
+  CT* dG;
   int64_t H, dy_b, dp_b;
   template <int NC>
   AI void cols(int64_t b, int64_t j0, int64_t nc, const ST* dhn) const {
@@ -222,7 +220,7 @@ struct BwdGates {
     const ST* g = gates + b * 4 * H + j0;
     const ST* dyr = dy + b * dy_b + j0;
     CT* d = dG + b * dp_b + j0;
-    CT* e = dGs + b * 4 * H + j0;
+    ST* s = db + j0;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
       ST si = g[j], sf = g[H + j], so = g[2 * H + j], tu = g[3 * H + j], t = tc[o + j];
@@ -236,10 +234,10 @@ struct BwdGates {
       d[H + j] = df;
       d[2 * H + j] = dq;
       d[3 * H + j] = du;
-      e[j] = di;
-      e[H + j] = df;
-      e[2 * H + j] = dq;
-      e[3 * H + j] = du;
+      s[j] += C::ld(di);
+      s[H + j] += C::ld(df);
+      s[2 * H + j] += C::ld(dq);
+      s[3 * H + j] += C::ld(du);
       dc[o + j] = dcn * sf;
     }
   }
@@ -256,6 +254,20 @@ struct Store {
     typename C::T* o = out + b * ld + n0;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) o[k] = C::st(v[k]);
+  }
+};
+
+// A product kept unrounded in the state type (the gate product, for a separate full-width gate pass).
+template <class C, class S>
+struct Keep {
+  typename S::T* out;
+  int64_t ld;
+  template <int NC>
+  AI void cols(int64_t b, int64_t n0, int64_t nc, const typename S::T* v) const {
+    const int64_t n = NC ? NC : nc;
+    typename S::T* o = out + b * ld + n0;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) o[k] = v[k];
   }
 };
 
@@ -290,14 +302,11 @@ AI void micro(int64_t K, const typename C::T* a, int64_t lda, const A* bp, A* tm
 
 // The loop over panels (outer: each panel is read from L2/L3 once per step) and row tiles (inner). Rows
 // past the last full tile run on a zero-padded copy in `scratch` (MR x K), so one tile shape serves any B.
-template <class C, class A, int W, int MR, int NV, bool GATES, class E>
+template <class C, class A, int W, int MR, int NV, class E>
 AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda, const A* bp,
              typename C::T* scratch, const E& e) {
   constexpr int NR = NV * W;
-  constexpr int U = NR / 4;  // units per panel when gate-interleaved
-  const int64_t cols = GATES ? N / 4 : N;
-  const int64_t per = GATES ? U : NR;
-  const int64_t np = (cols + per - 1) / per;
+  const int64_t np = (N + NR - 1) / NR;
   const int64_t mfull = M - M % MR;
   if (mfull < M) {
     std::memset(static_cast<void*>(scratch), 0, sizeof(typename C::T) * MR * K);
@@ -307,52 +316,39 @@ AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t ld
   alignas(64) A tmp[MR * NR];
   for (int64_t p = 0; p < np; ++p) {
     const A* panel = bp + p * K * NR;
-    const int64_t n0 = p * per, nc = std::min<int64_t>(per, cols - n0);
+    const int64_t n0 = p * NR, nc = std::min<int64_t>(NR, N - n0);
     for (int64_t m = 0; m < M; m += MR) {
       const bool full = m < mfull;
       micro<C, A, W, MR, NV>(K, full ? a + m * lda : scratch, full ? lda : K, panel, tmp);
       const int64_t rows = full ? MR : M - m;
       for (int64_t i = 0; i < rows; ++i) {
-        const A* v = tmp + i * NR;
-        if constexpr (GATES) {
-          if (nc == U) e.template units<U>(m + i, n0, U, v, v + U, v + 2 * U, v + 3 * U);
-          else e.template units<0>(m + i, n0, nc, v, v + U, v + 2 * U, v + 3 * U);
-        } else {
-          if (nc == NR) e.template cols<NR>(m + i, n0, NR, v);
-          else e.template cols<0>(m + i, n0, nc, v);
-        }
+        if (nc == NR) e.template cols<NR>(m + i, n0, NR, tmp + i * NR);
+        else e.template cols<0>(m + i, n0, nc, tmp + i * NR);
       }
     }
   }
 }
 
-// Pack src (N outputs x K, element [n][k] at src[n*sn + k*sk]) into panels of NR (state type). GATES:
-// src has N = 4H rows [i; f; o; u]; panel p takes units [p*NR/4, (p+1)*NR/4) of each gate.
+// Pack src (N outputs x K, element [n][k] at src[n*sn + k*sk]) into panels of NR (state type), reading
+// along whichever of n, k is contiguous in src.
 template <class C, class A>
-void pack(const typename C::T* src, int64_t N, int64_t K, int64_t sn, int64_t sk, int NR, bool gates,
-          A* out) {
-  const int64_t U = NR / 4, H = N / 4;
-  const int64_t per = gates ? U : NR;
-  const int64_t np = ((gates ? H : N) + per - 1) / per;
+void pack(const typename C::T* src, int64_t N, int64_t K, int64_t sn, int64_t sk, int NR, A* out) {
+  const int64_t np = (N + NR - 1) / NR;
   for (int64_t p = 0; p < np; ++p) {
-    for (int64_t c = 0; c < NR; ++c) {
-      int64_t n = gates ? (c / U) * H + p * U + c % U : p * NR + c;
-      bool ok = gates ? p * U + c % U < H : n < N;
-      A* o = out + p * K * NR + c;
-      if (!ok) {
-        for (int64_t k = 0; k < K; ++k) o[k * NR] = A(0);
-      } else {
-        const typename C::T* s = src + n * sn;
-        for (int64_t k = 0; k < K; ++k) o[k * NR] = C::ld(s[k * sk]);
-      }
+    A* o = out + p * K * NR;
+    const int64_t nc = std::min<int64_t>(NR, N - p * NR);
+    const typename C::T* s = src + p * NR * sn;
+    if (sn == 1) {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < NR; ++c) o[k * NR + c] = c < nc ? C::ld(s[k * sk + c]) : A(0);
+    } else {
+      for (int64_t c = 0; c < NR; ++c)
+        for (int64_t k = 0; k < K; ++k) o[k * NR + c] = c < nc ? C::ld(s[c * sn + k * sk]) : A(0);
     }
   }
 }
 
-int64_t packed_size(int64_t N, int64_t K, int NR, bool gates) {
-  const int64_t per = gates ? NR / 4 : NR;
-  return ((gates ? N / 4 : N) + per - 1) / per * K * NR;
-}
+int64_t packed_size(int64_t N, int64_t K, int NR) { return (N + NR - 1) / NR * K * NR; }
 
 // ---- per-ISA instantiation -----------------------------------------------------------------------------
 // The function table one ISA level provides for one (compute, state) dtype pair.
@@ -362,10 +358,11 @@ struct Fns {
   using ST = typename S::T;
   // GEMM with each epilogue: (M, N, K, a, lda, packed, scratch, epilogue)
   using GFwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const FwdM<C, S>&);
-  using GGates = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Gates<C, S>&);
   using GBwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const BwdM<C, S>&);
   using GBwdG = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const BwdGates<C, S>&);
   using GStore = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Store<C, S>&);
+  using GKeep = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Keep<C, S>&);
+  using PGatesS = void (*)(int64_t, int64_t, const ST*, const Gates<C, S>&);  // q in the state type
   // the same epilogues as passes over a plain (B, N) product in the compute dtype (paths mm / onednn)
   using PFwdM = void (*)(int64_t, int64_t, const CT*, const FwdM<C, S>&);
   using PGates = void (*)(int64_t, int64_t, const CT*, const Gates<C, S>&);
@@ -374,14 +371,15 @@ struct Fns {
   struct Tile {
     int nr;
     GFwdM fwd_m;
-    GGates gates;
     GBwdM bwd_m;
     GBwdG bwd_gates;
     GStore store;
+    GKeep keep;
   };
   Tile tile[2];
   PFwdM p_fwd_m;
   PGates p_gates;
+  PGatesS p_gates_s;
   PBwdM p_bwd_m;
   PBwdG p_bwd_gates;  // dhn == nullptr: zero
 };
@@ -393,6 +391,14 @@ AI void plain_cols(int64_t B, int64_t N, const typename C::T* q, const E& e) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t k = 0; k < N; ++k) row[k] = q ? C::ld(q[b * N + k]) : typename S::T(0);
     e.template cols<0>(b, 0, N, row.data());
+  }
+}
+template <class C, class S>
+AI void plain_gates_s(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {
+  const int64_t H = N / 4;
+  for (int64_t b = 0; b < B; ++b) {
+    const typename S::T* r = q + b * N;
+    e.template units<0>(b, 0, H, r, r + H, r + 2 * H, r + 3 * H);
   }
 }
 template <class C, class S>
@@ -409,11 +415,11 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
 // and (MR1 x NV1 vectors); doubles use WF/2 lanes with the same tiles.
 #define MLSTM_ISA(NS, ATTR, WF, MR0, NV0, MR1, NV1)                                                          \
   namespace NS {                                                                                             \
-  template <class C, class S, int MR, int NV, bool G, class E>                                               \
+  template <class C, class S, int MR, int NV, class E>                                                       \
   ATTR void g(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda,                          \
               const typename S::T* bp, typename C::T* scr, const E& e) {                                     \
     constexpr int W = sizeof(typename S::T) == 8 ? WF / 2 : WF;                                              \
-    gemm<C, typename S::T, W, MR, NV, G>(M, N, K, a, lda, bp, scr, e);                                       \
+    gemm<C, typename S::T, W, MR, NV>(M, N, K, a, lda, bp, scr, e);                                          \
   }                                                                                                          \
   template <class C, class S, class E>                                                                       \
   ATTR void p(int64_t B, int64_t N, const typename C::T* q, const E& e) {                                    \
@@ -423,21 +429,26 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
   ATTR void pg(int64_t B, int64_t N, const typename C::T* q, const Gates<C, S>& e) {                         \
     plain_gates<C, S>(B, N, q, e);                                                                           \
   }                                                                                                          \
+  template <class C, class S>                                                                                \
+  ATTR void pgs(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {                        \
+    plain_gates_s<C, S>(B, N, q, e);                                                                         \
+  }                                                                                                          \
   template <class C, class S, int MR, int NV>                                                                \
   typename Fns<C, S>::Tile tile() {                                                                \
     constexpr int W = sizeof(typename S::T) == 8 ? WF / 2 : WF;                                              \
     return {NV * W,                                                                                          \
-            &g<C, S, MR, NV, false, FwdM<C, S>>,                                                             \
-            &g<C, S, MR, NV, true, Gates<C, S>>,                                                             \
-            &g<C, S, MR, NV, false, BwdM<C, S>>,                                                             \
-            &g<C, S, MR, NV, false, BwdGates<C, S>>,                                                         \
-            &g<C, S, MR, NV, false, Store<C, S>>};                                                           \
+            &g<C, S, MR, NV, FwdM<C, S>>,                                                                    \
+            &g<C, S, MR, NV, BwdM<C, S>>,                                                                    \
+            &g<C, S, MR, NV, BwdGates<C, S>>,                                                                \
+            &g<C, S, MR, NV, Store<C, S>>,                                                                   \
+            &g<C, S, MR, NV, Keep<C, S>>};                                                                   \
   }                                                                                                          \
   template <class C, class S>                                                                                \
   Fns<C, S> fns() {                                                                                          \
     return {{tile<C, S, MR0, NV0>(), tile<C, S, MR1, NV1>()},                                                \
             &p<C, S, FwdM<C, S>>,                                                                            \
             &pg<C, S>,                                                                                       \
+            &pgs<C, S>,                                                                                      \
             &p<C, S, BwdM<C, S>>,                                                                            \
             &p<C, S, BwdGates<C, S>>};                                                                       \
   }                                                                                                          \
@@ -555,6 +566,21 @@ at::Tensor pooled(at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::from_blob(p, sizes, [bytes](void* q) { pool().put(q, bytes); }, at::TensorOptions().dtype(dtype));
 }
 
+// The per-step (B, .) blocks of the (T, B, .) buffers are far apart in memory and touched once per step,
+// so the hardware prefetchers (which follow a stream within a step) miss the first lines of each: the
+// gate pass stalled on DRAM. The step loops ask for the next step's blocks one step ahead (a step is
+// ~100 us; its blocks ~0.2 MB).
+void prefetch(const void* p, int64_t bytes, bool write) {
+  const char* c = static_cast<const char*>(p);
+  if (write)
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 1, 2);
+  else
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);
+}
+void prefetch_rows(const void* p, int64_t rows, int64_t row_bytes, int64_t stride_bytes, bool write) {
+  for (int64_t r = 0; r < rows; ++r) prefetch(static_cast<const char*>(p) + r * stride_bytes, row_bytes, write);
+}
+
 // Each kernel shows in torch.profiler under this name (bench/mlstm_layer.py counts kernels per step from
 // it); costs a flag check when no profiler runs.
 #define MLSTM_RECORD(NAME) RECORD_FUNCTION(NAME, c10::ArrayRef<const c10::IValue>{})
@@ -584,7 +610,7 @@ struct Product {
   at::Tensor scratch; // packed path: MR x K zero-padded tail rows
   int tile = 0;
 
-  Product(int64_t path_, const at::Tensor& wsrc /* (N, K) view */, int64_t B, bool gates) : path(path_) {
+  Product(int64_t path_, const at::Tensor& wsrc /* (N, K) view */, int64_t B) : path(path_) {
     N = wsrc.size(0);
     K = wsrc.size(1);
     if (path == PATH_MM) {
@@ -598,9 +624,9 @@ struct Product {
       TORCH_CHECK(tile == 0 || tile == 1, "mlstm_cpu: unknown product path ", path);
       const int nr = fns<C, S>().tile[tile].nr;
       auto so = wsrc.options().dtype(c10::CppTypeToScalarType<typename S::T>::value);
-      packed = pooled({packed_size(N, K, nr, gates)}, so.dtype().toScalarType());
+      packed = pooled({packed_size(N, K, nr)}, so.dtype().toScalarType());
       pack<C, typename S::T>(reinterpret_cast<const typename C::T*>(wsrc.data_ptr()), N, K, wsrc.stride(0),
-                             wsrc.stride(1), nr, gates, packed.data_ptr<typename S::T>());
+                             wsrc.stride(1), nr, packed.data_ptr<typename S::T>());
       scratch = pooled({8 * K}, wsrc.scalar_type());  // MR <= 8
     }
   }
@@ -633,15 +659,15 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
   auto ms = pooled({T, B, H}, cd);         // m_t
   auto rs = pooled({T, B, H}, cd);         // W_mh h_{t-1}
   auto pms = pooled({T, B, H}, sd);        // W_mx x_t
-  auto m = pooled({B, H}, cd);             // m_t, the gate product's operand
-  Product<C, S> pr(path_r, w_mh, B, false), pq(path_g, w_m, B, true);
+  Product<C, S> pr(path_r, w_mh, B), pq(path_g, w_m, B);
+  auto q = pooled({B, 4 * H}, sd);  // W_m m_t of one step, unrounded, for the gate pass
+  auto* q_p = q.data_ptr<ST>();
   const ST* pj = proj.data_ptr<ST>();
   const int64_t pj_b = proj.stride(0), pj_t = proj.stride(1);
   auto* y_p = reinterpret_cast<CT*>(y.data_ptr());
   auto* hs_p = reinterpret_cast<CT*>(hs.data_ptr());
   auto* ms_p = reinterpret_cast<CT*>(ms.data_ptr());
   auto* rs_p = reinterpret_cast<CT*>(rs.data_ptr());
-  auto* m_p = reinterpret_cast<CT*>(m.data_ptr());
   auto* cs_p = cs.data_ptr<ST>();
   auto* tcs_p = tcs.data_ptr<ST>();
   auto* g_p = gates.data_ptr<ST>();
@@ -649,7 +675,19 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
   const int64_t n = B * H;
   for (int64_t t = 0; t < T; ++t) {
     const ST* pt = pj + t * pj_t;
-    FwdM<C, S> em{rs_p + t * n, m_p, ms_p + t * n, pt, pms_p + t * n, H, pj_b, H};
+    if (t + 1 < T) {  // the next step's inputs and outputs
+      const int64_t u = t + 1;
+      prefetch_rows(pj + u * pj_t, B, 5 * H * sizeof(ST), pj_b * sizeof(ST), false);
+      prefetch(g_p + u * 4 * n, 4 * n * sizeof(ST), true);
+      prefetch(cs_p + (u + 1) * n, n * sizeof(ST), true);
+      prefetch(tcs_p + u * n, n * sizeof(ST), true);
+      prefetch(pms_p + u * n, n * sizeof(ST), true);
+      prefetch(rs_p + u * n, n * sizeof(CT), true);
+      prefetch(ms_p + u * n, n * sizeof(CT), true);
+      prefetch(hs_p + (u + 1) * n, n * sizeof(CT), true);
+      prefetch_rows(y_p + u * H, B, H * sizeof(CT), T * H * sizeof(CT), true);
+    }
+    FwdM<C, S> em{rs_p + t * n, ms_p + t * n, pt, pms_p + t * n, H, pj_b};
     Gates<C, S> eg{pt + H, bias.data_ptr<ST>(), g_p + t * 4 * n, cs_p + t * n, cs_p + (t + 1) * n,
                    tcs_p + t * n, hs_p + (t + 1) * n, y_p + t * H, H, pj_b, T * H};
     if (pr.is_packed()) {
@@ -661,12 +699,16 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
       F.p_fwd_m(B, H, q, em);
     }
     if (pq.is_packed()) {
-      MLSTM_RECORD("mlstm_cpu::gemm_gates");
-      F.tile[pq.tile].gates(B, 4 * H, H, m_p, H, pq.bp(), pq.scr(), eg);
-    } else {
-      const CT* q = pq.aten(m);  // (B, 4H)
+      {
+        MLSTM_RECORD("mlstm_cpu::gemm_q");
+        F.tile[pq.tile].keep(B, 4 * H, H, ms_p + t * n, H, pq.bp(), pq.scr(), Keep<C, S>{q_p, 4 * H});
+      }
       MLSTM_RECORD("mlstm_cpu::fwd_gates");
-      F.p_gates(B, 4 * H, q, eg);
+      F.p_gates_s(B, 4 * H, q_p, eg);
+    } else {
+      const CT* qc = pq.aten(ms.select(0, t));  // (B, 4H)
+      MLSTM_RECORD("mlstm_cpu::fwd_gates");
+      F.p_gates(B, 4 * H, qc, eg);
     }
   }
   return {y, hs, cs, tcs, gates, ms, rs, pms};
@@ -684,10 +726,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
   const auto cd = rs.scalar_type();
   auto dP = pooled({T, B, 5 * H}, cd);  // [d(W_mx x_t) | d(pre-activations i, f, o, u)]
   auto dR = pooled({T, B, H}, cd);      // d(W_mh h_{t-1})
-  auto dGs = pooled({B, 4 * H}, cd);    // dG of one step: the operand of dG W_m
   auto dc = pooled({B, H}, pms.scalar_type()).zero_();
+  auto db = at::zeros({4 * H}, pms.options());  // d(bias)
   // dm = dG W_m is x @ w^T with w = W_m^T (H, 4H); dh = d(r) W_mh with w = W_mh^T: transposed views
-  Product<C, S> pmp(path_m, w_m.t(), B, false), php(path_h, w_mh.t(), B, false);
+  Product<C, S> pmp(path_m, w_m.t(), B), php(path_h, w_mh.t(), B);
   const ST* dy_p = dy.data_ptr<ST>();
   const int64_t dy_b = dy.stride(0), dy_t = dy.stride(1);
   auto* g_p = gates.data_ptr<ST>();
@@ -695,26 +737,37 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
   auto* tcs_p = tcs.data_ptr<ST>();
   auto* pm_p = pms.data_ptr<ST>();
   auto* dc_p = dc.data_ptr<ST>();
+  auto* db_p = db.data_ptr<ST>();
   auto* rs_p = reinterpret_cast<const CT*>(rs.data_ptr());
   auto* dP_p = reinterpret_cast<CT*>(dP.data_ptr());
   auto* dR_p = reinterpret_cast<CT*>(dR.data_ptr());
-  auto* dGs_p = reinterpret_cast<CT*>(dGs.data_ptr());
   const int64_t n = B * H, dp_b = 5 * H;
   auto bg = [&](int64_t s) {
-    return BwdGates<C, S>{dy_p + s * dy_t, g_p + s * 4 * n, cs_p + s * n, tcs_p + s * n, dc_p,
-                          dP_p + s * 5 * n + H, dGs_p, H, dy_b, dp_b};
+    return BwdGates<C, S>{dy_p + s * dy_t, g_p + s * 4 * n, cs_p + s * n, tcs_p + s * n, dc_p, db_p,
+                          dP_p + s * 5 * n + H, H, dy_b, dp_b};
   };
   {
     MLSTM_RECORD("mlstm_cpu::bwd_gates");  // the last step: nothing arrives from a later one
     F.p_bwd_gates(B, H, nullptr, bg(T - 1));
   }
   for (int64_t t = T - 1; t >= 0; --t) {
+    if (t >= 1) {  // the next (earlier) step's inputs and outputs: step t-1's gate pass runs in this one
+      const int64_t u = t - 1;
+      prefetch(g_p + u * 4 * n, 4 * n * sizeof(ST), false);
+      prefetch(cs_p + u * n, n * sizeof(ST), false);
+      prefetch(tcs_p + u * n, n * sizeof(ST), false);
+      prefetch_rows(dy_p + u * dy_t, B, H * sizeof(ST), dy_b * sizeof(ST), false);
+      prefetch(dP_p + u * 5 * n, 5 * n * sizeof(CT), true);
+      prefetch(rs_p + t * n, n * sizeof(CT), false);
+      prefetch(pm_p + t * n, n * sizeof(ST), false);
+      prefetch(dR_p + t * n, n * sizeof(CT), true);
+    }
     BwdM<C, S> em{dP_p + t * 5 * n, dR_p + t * n, rs_p + t * n, pm_p + t * n, H, dp_b};
     if (pmp.is_packed()) {
       MLSTM_RECORD("mlstm_cpu::gemm_dm");
-      F.tile[pmp.tile].bwd_m(B, H, 4 * H, dGs_p, 4 * H, pmp.bp(), pmp.scr(), em);
+      F.tile[pmp.tile].bwd_m(B, H, 4 * H, dP_p + t * 5 * n + H, 5 * H, pmp.bp(), pmp.scr(), em);
     } else {
-      const CT* q = pmp.aten(dGs);  // (B, H)
+      const CT* q = pmp.aten(dP.select(0, t).narrow(1, H, 4 * H));  // (B, H)
       MLSTM_RECORD("mlstm_cpu::bwd_m");
       F.p_bwd_m(B, H, q, em);
     }
@@ -728,7 +781,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
       F.p_bwd_gates(B, H, q, bg(t - 1));
     }
   }
-  return {dP, dR};
+  return {dP, dR, db};
 }
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "mlstm_cpu: ", what); }
@@ -765,7 +818,7 @@ std::vector<at::Tensor> forward(const at::Tensor& proj_, const at::Tensor& bias_
 }
 
 // dy (B, T, H) state dtype (any strides with unit stride in the last dim) and the forward's saved tensors
-// -> dP (T, B, 5H) = [d(W_mx x) | dG] and dR (T, B, H) in the compute dtype. path_m / path_h: the path of
+// -> dP (T, B, 5H) = [d(W_mx x) | dG] and dR (T, B, H) in the compute dtype, d(bias) (4H,) state dtype. path_m / path_h: the path of
 // dG W_m / d(r) W_mh.
 std::vector<at::Tensor> backward(const at::Tensor& dy_, const at::Tensor& gates, const at::Tensor& cs,
                                  const at::Tensor& tcs, const at::Tensor& rs, const at::Tensor& pms,
@@ -793,9 +846,9 @@ template <class C, class S>
 at::Tensor pack_impl(const at::Tensor& w, int64_t tile) {
   check(tile == 0 || tile == 1, "tile is 0 or 1");
   const int nr = fns<C, S>().tile[tile].nr;
-  auto out = at::empty({packed_size(w.size(0), w.size(1), nr, false)}, w.options().dtype(state_of(w.scalar_type())));
+  auto out = at::empty({packed_size(w.size(0), w.size(1), nr)}, w.options().dtype(state_of(w.scalar_type())));
   pack<C, typename S::T>(reinterpret_cast<const typename C::T*>(w.data_ptr()), w.size(0), w.size(1), w.stride(0),
-                         w.stride(1), nr, false, out.data_ptr<typename S::T>());
+                         w.stride(1), nr, out.data_ptr<typename S::T>());
   return out;
 }
 at::Tensor pack_op(const at::Tensor& w, int64_t tile) {
@@ -809,7 +862,7 @@ at::Tensor linear_impl(const at::Tensor& x_, const at::Tensor& packed, int64_t N
   const auto& F = fns<C, S>();
   check(tile == 0 || tile == 1, "tile is 0 or 1");
   const int64_t M = x.size(0), K = x.size(1);
-  check(packed.numel() == packed_size(N, K, F.tile[tile].nr, false) && packed.scalar_type() == state_of(x.scalar_type()),
+  check(packed.numel() == packed_size(N, K, F.tile[tile].nr) && packed.scalar_type() == state_of(x.scalar_type()),
         "packed weight matches (N, K, tile, dtype)");
   auto out = at::empty({M, N}, x.options());
   auto scratch = at::empty({8 * K}, x.options());
