@@ -5,20 +5,21 @@ kept as fallback and reference); only the per-time-step loop moves out of Python
 product (T*B, D) x (D, 5H) for both input projections; after it, one product per weight gradient over
 all T*B tokens (d(w_in) and dx each one product, K = 5H), all routed by `app.model.matmul`.
 
-Per step, forward (2 kernels):
-    r = h_{t-1} W_mh^T  [GEMM]  epilogue: keep r, m = pm_t * r
-    q = m W_m^T         [GEMM]  epilogue: pre-activations + bias, sigmoid/tanh gates, c_t, tanh c_t, h_t
-Per step, backward (2 kernels):
-    dm = dG_t W_m       [GEMM]  epilogue: d(pm) = dm * r, d(r) = dm * pm
-    dh = d(r) W_mh      [GEMM]  epilogue: every gate / cell derivative of step t-1 (dc carry, dG_{t-1},
-                                the bias gradient)
+Per step, forward (3 kernels: 2 GEMMs + 1 fused elementwise pass):
+    r = h_{t-1} W_mh^T  [GEMM, epilogue: keep r, m = pm_t * r]
+    q = m W_m^T         [GEMM]
+    gate pass           pre-activations + bias, sigmoid/tanh gates, c_t, tanh c_t, h_t
+Per step, backward (3 kernels):
+    dm = dG_t W_m       [GEMM, epilogue: d(pm) = dm * r, d(r) = dm * pm]
+    dh = d(r) W_mh      [GEMM]
+    gate pass           every gate / cell derivative of step t-1: dc carry, dG_{t-1}, the bias gradient
 The Python core dispatches ~10 ops per step forward and ~9 backward (`bench/mlstm_layer.py` counts them).
 
 Why it is fast on a CPU: the per-step products have only B rows, and a BLAS call per step pays dispatch,
 packing of the weight and generic blocking every step. Here each weight is packed ONCE per call into
-register-tile panels (gate-interleaved for W_m, so a tile holds the i, f, o, u pre-activations of the
-same units and the gate math runs on it while it is in L1) and a register-tiled kernel runs each step
-with no ATen dispatch inside the loop. Which path each per-step product takes (this packed GEMM with one
+register-tile panels and a register-tiled kernel runs each step with no ATen dispatch inside the loop;
+light elementwise work rides in the GEMM's epilogue, and the gate math runs as one pass at full vector
+width (measured faster than per tile, where its many streams and short loops stalled the kernel). Which path each per-step product takes (this packed GEMM with one
 of two tiles, MKL's mm, oneDNN's linear) is measured per shape at first use (kind "step" in
 app/model/matmul.py; the table goes into checkpoints like the others, so a resume is bit-exact).
 The op's (T, B, .) buffers come from a small pool in the extension: torch's CPU allocator gives large
@@ -32,11 +33,12 @@ each) and the best level the CPU has is picked at load (`set_isa` lowers it: the
 see the C++ file's header.
 
 GPU design (not built here; the CPU op has the same structure, so it maps 1:1):
-- Per step: two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), each with its epilogue fused, exactly as
-  above: cuBLASLt / CUTLASS epilogues, or a GEMM kernel whose tile covers the four gates of the same
-  units (the gate-interleaved packing) so the gate/cell math runs on the accumulators. 2 kernels per
-  step each way, as on the CPU. dy enters through the backward epilogue, so no separate pass.
-- At small B the step is launch-bound (2 kernels x T steps): capture the whole T-step loop once per
+- Per step: two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), the first with its epilogue fused
+  (cuBLASLt / CUTLASS epilogue), and ONE fused elementwise kernel over B x H threads (each reads its
+  unit's four pre-activations, writes gates, c, tanh c, h): 3 kernels per step each way, as on the CPU;
+  dy enters through the backward gate kernel. On a GPU the gate math can also move into the second
+  GEMM's epilogue if its tile covers the four gates of the same units (pack W_m gate-interleaved).
+- At small B the step is launch-bound (3 kernels x T steps): capture the whole T-step loop once per
   (B, T, H, dtype) in a CUDA graph (torch.cuda.graphs) with buffers allocated before the loop (every
   per-step tensor here is a slice of a (T, B, .) buffer, so addresses are static) and replay it;
   backward likewise. That is where the per-step host overhead the CPU op removes goes on a GPU.
@@ -74,7 +76,7 @@ def _build() -> None:
     # The name carries the torch version: a cached build against another torch's ABI is never reused.
     tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
     load(
-        name=f"mlstm_cpu_v4h_torch{tv}",
+        name=f"mlstm_cpu_v4m_torch{tv}",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],

@@ -96,24 +96,27 @@ def _time_paths(fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: 
     """Seconds per product of each path: best of `rounds` bursts (~0.5 ms each), the paths interleaved
     within every round so that load from other processes on a shared machine hits them alike. After
     two rounds a path over twice the best so far stops being timed (it cannot win; on a loaded box a
-    multi-threaded path can take milliseconds per tiny product)."""
+    multi-threaded path can take milliseconds per tiny product). Single-threaded, the clock is this
+    thread's CPU time, which other processes on the machine do not inflate; with more threads it is the
+    wall clock (CPU time would not credit the parallelism)."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     n, prep = {}, {}
     for name, p in fns.items():
         prep[name] = p.prepare(w)
         p.run(x, prep[name])  # warm-up: oneDNN creates its primitive here
-        t0 = time.perf_counter()
+        t0 = clock()
         p.run(x, prep[name])
-        n[name] = max(1, min(50, int(5e-4 / max(time.perf_counter() - t0, 1e-7))))
+        n[name] = max(1, min(50, int(5e-4 / max(clock() - t0, 1e-7))))
     best = dict.fromkeys(fns, float("inf"))
     racing = dict(fns)
     for r in range(rounds):
         if r >= 2:
             racing = {k: p for k, p in racing.items() if best[k] <= 2 * min(best.values())}
         for name, p in racing.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n[name]):
                 p.run(x, prep[name])
-            best[name] = min(best[name], (time.perf_counter() - t0) / n[name])
+            best[name] = min(best[name], (clock() - t0) / n[name])
     return best
 
 
@@ -182,15 +185,27 @@ def restore_choices(saved: list) -> None:
         _choice[key] = {int(r): p for r, p in table.items()}
 
 
+# glibc serves every allocation above its mmap ceiling (32 MiB on 64-bit) with fresh pages from the OS, so
+# a product whose result is that large page-faults all of it on every call (measured: 41K faults, ~0.3 s,
+# per input projection of the large layer). Given a caller's buffer, oneDNN's linear (which allocates its
+# result) runs in row chunks with results below it instead, each copied into the buffer.
+_FRESH_PAGES_BYTES = 32 << 20
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., K) @ w (N, K).T -> (..., N), no bias. `out` (2-D x only): a buffer the mm path writes into
-    (oneDNN's linear makes its own; use the returned tensor)."""
+    """x (..., K) @ w (N, K).T -> (..., N), no bias. `out` (2-D x only): a buffer to write into (the
+    caller's own pool); use the returned tensor."""
     if x.device.type != "cpu" or x.dtype not in MEASURED_DTYPES:
         return F.linear(x, w)
     k = x.shape[-1]
     name = choose(x.numel() // max(k, 1), k, w.shape[0], x.dtype)
     if name == "onednn":
-        return _onednn(x, w)
+        if out is None or out.numel() * out.element_size() <= _FRESH_PAGES_BYTES:
+            return _onednn(x, w)
+        rows = max(1, (_FRESH_PAGES_BYTES // 2) // (w.shape[0] * out.element_size()))
+        for r in range(0, x.shape[0], rows):
+            out[r : r + rows].copy_(_onednn(x[r : r + rows], w))
+        return out
     if x.dim() != 2:
         return F.linear(x, w)
     return _mm(x, w) if out is None else torch.mm(x, w.t(), out=out)

@@ -1,19 +1,21 @@
 // The mLSTM time loop on CPU, forward and backward, in one compiled op each (see app/model/fused_core.py).
 //
-// Per step: the two recurrent products and the elementwise work between them. Each product runs on the
+// Per step: the two recurrent products and the elementwise work around them. Each product runs on the
 // path measured fastest for its shape (app/model/matmul.py, kind "step"):
-// - "packed" (this file): a register-tiled GEMM over the weight, packed ONCE per call into column panels
-//   (the weights are the same for all T steps; the per-step products have few rows, B, so a BLAS call per
-//   step pays its dispatch, its own packing and its generic blocking T times). The elementwise work is the
-//   GEMM's epilogue, applied to each finished tile while it is in L1:
-//     forward   r = h W_mh^T  -> epilogue: keep r, m = pm * r
-//               q = m W_m^T   -> epilogue: gates, c, tanh c, h (W_m's rows are packed gate-interleaved, so
-//                                a tile holds the i, f, o, u pre-activations of the same hidden units)
-//     backward  dm = dG W_m   -> epilogue: d(pm) = dm * r, d(r) = dm * pm
-//               dh = d(r) W_mh -> epilogue: every gate / cell derivative of the PREVIOUS step (dG, dc carry)
-//   so a step is 2 kernels each way and nothing crosses the ATen dispatcher inside the time loop.
-// - "mm" / "onednn": ATen's mm (MKL) or oneDNN's linear into a buffer, then the same epilogue as a pass.
-//
+// - packed (this file): a register-tiled GEMM over the weight packed ONCE per call into column panels (the
+//   weights are the same for all T steps; a per-step product has only B rows, so a BLAS call per step pays
+//   its dispatch, its own packing and its generic blocking T times). Light elementwise work is the GEMM's
+//   epilogue, applied to each finished register tile while it is in L1; the gate math (transcendentals,
+//   many streams) runs as one pass at full vector width after the GEMM, which measured faster than
+//   running it per tile:
+//     forward   r = h W_mh^T   [GEMM, epilogue: keep r and pm, m = pm * r]
+//               q = m W_m^T    [GEMM] -> gate pass: gates, c, tanh c, h (into y as well)
+//     backward  dm = dG W_m    [GEMM, epilogue: d(pm) = dm * r, d(r) = dm * pm]
+//               dh = d(r) W_mh [GEMM] -> gate pass of the PREVIOUS step: dG, dc carry, bias gradient
+//   so a step is 2 GEMMs + 1 elementwise pass each way, and nothing crosses the ATen dispatcher inside the
+//   time loop.
+// - "mm" / "onednn": ATen's mm (MKL) or oneDNN's linear into a buffer, then the same epilogues as passes.
+
 // Portability of the build: the extension is cached per user and that cache may be shared by machines with
 // different CPUs (an NFS home on a cluster), so nothing is compiled with -march=native. Every kernel is
 // compiled three times, for AVX-512 (x86-64-v4 features), AVX2 + FMA and the SSE2 baseline, each with its
@@ -281,9 +283,12 @@ struct Vec {
   typedef T type __attribute__((vector_size(W * sizeof(T)), aligned(sizeof(T))));
 };
 
-// One MR x (NV*W) register tile over all K; writes the accumulators to tmp (MR rows of NV*W).
-template <class C, class A, int W, int MR, int NV>
-AI void micro(int64_t K, const typename C::T* a, int64_t lda, const A* bp, A* tmp) {
+// One MR x (NV*W) register tile over all K; writes the accumulators to tmp (MR rows of NV*W). PF: also
+// fetch the next panel `pf` into L2 as this one is read, line for line (the first row tile of a panel
+// does it): the weights of a large layer do not stay in cache between steps, and a panel streamed from
+// DRAM on demand stalled the kernel.
+template <class C, class A, int W, int MR, int NV, bool PF>
+AI void micro(int64_t K, const typename C::T* a, int64_t lda, const A* bp, A* tmp, const A* pf) {
   using V = typename Vec<A, W>::type;
   V acc[MR][NV];
   for (int i = 0; i < MR; ++i)
@@ -291,6 +296,10 @@ AI void micro(int64_t K, const typename C::T* a, int64_t lda, const A* bp, A* tm
   for (int64_t k = 0; k < K; ++k) {
     V b[NV];
     for (int j = 0; j < NV; ++j) b[j] = *reinterpret_cast<const V*>(bp + (k * NV + j) * W);
+    if constexpr (PF) {
+      constexpr int lines = NV * W * sizeof(A) >= 64 ? NV * W * sizeof(A) / 64 : 1;  // per k
+      for (int j = 0; j < lines; ++j) __builtin_prefetch(pf + k * NV * W + j * (64 / sizeof(A)), 0, 2);
+    }
     for (int i = 0; i < MR; ++i) {
       const A x = C::ld(a[i * lda + k]);
       for (int j = 0; j < NV; ++j) acc[i][j] += x * b[j];
@@ -319,7 +328,9 @@ AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t ld
     const int64_t n0 = p * NR, nc = std::min<int64_t>(NR, N - n0);
     for (int64_t m = 0; m < M; m += MR) {
       const bool full = m < mfull;
-      micro<C, A, W, MR, NV>(K, full ? a + m * lda : scratch, full ? lda : K, panel, tmp);
+      const typename C::T* at = full ? a + m * lda : scratch;
+      if (m == 0 && p + 1 < np) micro<C, A, W, MR, NV, true>(K, at, full ? lda : K, panel, tmp, panel + K * NR);
+      else micro<C, A, W, MR, NV, false>(K, at, full ? lda : K, panel, tmp, nullptr);
       const int64_t rows = full ? MR : M - m;
       for (int64_t i = 0; i < rows; ++i) {
         if (nc == NR) e.template cols<NR>(m + i, n0, NR, tmp + i * NR);
@@ -359,10 +370,10 @@ struct Fns {
   // GEMM with each epilogue: (M, N, K, a, lda, packed, scratch, epilogue)
   using GFwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const FwdM<C, S>&);
   using GBwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const BwdM<C, S>&);
-  using GBwdG = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const BwdGates<C, S>&);
   using GStore = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Store<C, S>&);
   using GKeep = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Keep<C, S>&);
   using PGatesS = void (*)(int64_t, int64_t, const ST*, const Gates<C, S>&);  // q in the state type
+  using PBwdGS = void (*)(int64_t, int64_t, const ST*, const BwdGates<C, S>&);
   // the same epilogues as passes over a plain (B, N) product in the compute dtype (paths mm / onednn)
   using PFwdM = void (*)(int64_t, int64_t, const CT*, const FwdM<C, S>&);
   using PGates = void (*)(int64_t, int64_t, const CT*, const Gates<C, S>&);
@@ -372,7 +383,6 @@ struct Fns {
     int nr;
     GFwdM fwd_m;
     GBwdM bwd_m;
-    GBwdG bwd_gates;
     GStore store;
     GKeep keep;
   };
@@ -380,6 +390,7 @@ struct Fns {
   PFwdM p_fwd_m;
   PGates p_gates;
   PGatesS p_gates_s;
+  PBwdGS p_bwd_gates_s;
   PBwdM p_bwd_m;
   PBwdG p_bwd_gates;  // dhn == nullptr: zero
 };
@@ -392,6 +403,10 @@ AI void plain_cols(int64_t B, int64_t N, const typename C::T* q, const E& e) {
     for (int64_t k = 0; k < N; ++k) row[k] = q ? C::ld(q[b * N + k]) : typename S::T(0);
     e.template cols<0>(b, 0, N, row.data());
   }
+}
+template <class C, class S, class E>
+AI void plain_cols_s(int64_t B, int64_t N, const typename S::T* q, const E& e) {
+  for (int64_t b = 0; b < B; ++b) e.template cols<0>(b, 0, N, q + b * N);
 }
 template <class C, class S>
 AI void plain_gates_s(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {
@@ -429,6 +444,10 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
   ATTR void pg(int64_t B, int64_t N, const typename C::T* q, const Gates<C, S>& e) {                         \
     plain_gates<C, S>(B, N, q, e);                                                                           \
   }                                                                                                          \
+  template <class C, class S, class E>                                                                       \
+  ATTR void ps(int64_t B, int64_t N, const typename S::T* q, const E& e) {                                   \
+    plain_cols_s<C, S>(B, N, q, e);                                                                          \
+  }                                                                                                          \
   template <class C, class S>                                                                                \
   ATTR void pgs(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {                        \
     plain_gates_s<C, S>(B, N, q, e);                                                                         \
@@ -439,7 +458,6 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
     return {NV * W,                                                                                          \
             &g<C, S, MR, NV, FwdM<C, S>>,                                                                    \
             &g<C, S, MR, NV, BwdM<C, S>>,                                                                    \
-            &g<C, S, MR, NV, BwdGates<C, S>>,                                                                \
             &g<C, S, MR, NV, Store<C, S>>,                                                                   \
             &g<C, S, MR, NV, Keep<C, S>>};                                                                   \
   }                                                                                                          \
@@ -449,6 +467,7 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
             &p<C, S, FwdM<C, S>>,                                                                            \
             &pg<C, S>,                                                                                       \
             &pgs<C, S>,                                                                                      \
+            &ps<C, S, BwdGates<C, S>>,                                                                       \
             &p<C, S, BwdM<C, S>>,                                                                            \
             &p<C, S, BwdGates<C, S>>};                                                                       \
   }                                                                                                          \
@@ -730,6 +749,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
   auto db = at::zeros({4 * H}, pms.options());  // d(bias)
   // dm = dG W_m is x @ w^T with w = W_m^T (H, 4H); dh = d(r) W_mh with w = W_mh^T: transposed views
   Product<C, S> pmp(path_m, w_m.t(), B), php(path_h, w_mh.t(), B);
+  auto dq = pooled({B, H}, pms.scalar_type());  // d(r) W_mh of one step, unrounded, for the gate pass
+  auto* dq_p = dq.data_ptr<ST>();
   const ST* dy_p = dy.data_ptr<ST>();
   const int64_t dy_b = dy.stride(0), dy_t = dy.stride(1);
   auto* g_p = gates.data_ptr<ST>();
@@ -773,8 +794,12 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
     }
     if (t == 0) break;
     if (php.is_packed()) {
-      MLSTM_RECORD("mlstm_cpu::gemm_dh");
-      F.tile[php.tile].bwd_gates(B, H, H, dR_p + t * n, H, php.bp(), php.scr(), bg(t - 1));
+      {
+        MLSTM_RECORD("mlstm_cpu::gemm_dh");
+        F.tile[php.tile].keep(B, H, H, dR_p + t * n, H, php.bp(), php.scr(), Keep<C, S>{dq_p, H});
+      }
+      MLSTM_RECORD("mlstm_cpu::bwd_gates");
+      F.p_bwd_gates_s(B, H, dq_p, bg(t - 1));
     } else {
       const CT* q = php.aten(dR.select(0, t));  // (B, H)
       MLSTM_RECORD("mlstm_cpu::bwd_gates");
