@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.model import matmul
+from app.model import fused_core, matmul
 from app.model.config import ModelConfig, debug_config
 from app.model.fused_core import fused_ops
 from app.model.mlstm_core import mlstm_sequence
@@ -103,6 +103,76 @@ def test_fused_bf16_operands_fp32_state(shape):
         torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * scale, msg=lambda m, n=name: f"bf16 {n}: {m}")
 
 
+LEVELS = {0: "base", 1: "avx2", 2: "avx512"}
+
+
+@pytest.fixture
+def isa(request):
+    """The kernels compiled for ISA level request.param (every level up to the CPU's runs on it) ->
+    [level, tile names]; the CPU's best level is restored after."""
+    best = next(k for k, v in LEVELS.items() if v == fused_ops().isa(-1)[0])
+    try:
+        got = fused_core.set_isa(request.param)
+        if got[0] != LEVELS[request.param]:  # e.g. AVX-512 on an AVX2-only box: said, not silent
+            pytest.skip(f"this CPU runs kernels up to {LEVELS[best]}, not {LEVELS[request.param]}")
+        yield got
+    finally:
+        fused_core.set_isa(best)
+
+
+@pytest.mark.parametrize("isa", LEVELS, ids=LEVELS.values(), indirect=True)
+def test_packed_gemm_tiles_match_float64_at_ragged_shapes(isa):
+    """The packed GEMM alone, each tile of each ISA level: rows not a multiple of the tile's (tail rows on
+    the padded copy), columns not a multiple of the panel (zero-padded panel), K of 1."""
+    ops = fused_ops()
+    g = torch.Generator().manual_seed(21)
+    for M, K, N in [(1, 1, 1), (5, 7, 13), (16, 33, 70), (19, 64, 65)]:
+        x, w = (
+            torch.randn(M, K, generator=g, dtype=torch.float64),
+            torch.randn(N, K, generator=g, dtype=torch.float64),
+        )
+        ref = x @ w.t()
+        for tile in (0, 1):
+            out = ops.packed_linear(x, ops.pack(w, tile), N, tile)
+            torch.testing.assert_close(
+                out, ref, rtol=1e-12, atol=1e-12, msg=lambda m, t=tile: f"f64 tile {t}: {m}"
+            )
+            out = ops.packed_linear(x.float(), ops.pack(w.float(), tile), N, tile)
+            torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * K**0.5)
+            xb, wb = x.bfloat16(), w.bfloat16()  # bf16 operands, fp32 accumulation: exact products
+            out = ops.packed_linear(xb, ops.pack(wb, tile), N, tile)
+            # fp32 sums of exact products, rounded once to bf16: within one bf16 ulp (2^-8) of the truth
+            exact = (xb.double() @ wb.double().t()).bfloat16().double()
+            torch.testing.assert_close(out.double(), exact, rtol=8e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("isa", LEVELS, ids=LEVELS.values(), indirect=True)
+def test_every_isa_and_product_path_matches_float64(isa, monkeypatch):
+    """Forward and every gradient through each per-step product path (mm, oneDNN, each packed tile: their
+    fused epilogues) with the kernels of each ISA level, against the float64 equations at odd shapes."""
+    for shape in [(3, 5, 7, 17), (1, 2, 4, 6)]:
+        B, T, D, H = shape
+        x, ws = inputs(B, T, D, H, seed=sum(shape) + 100)
+        gy = torch.randn(B, T, H, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+        ref = run("reference", x, ws, gy, torch.float64)
+        ref32 = run("python", x, ws, gy, torch.float32)
+        for path in ["mm", "onednn", *isa[1:]]:
+            monkeypatch.setenv("MLSTM_MATMUL", path)
+            for cdt in (torch.float64, torch.float32):
+                if path not in matmul.paths("step", cdt):
+                    continue
+                tol = 1e-10 if cdt == torch.float64 else 1e-4
+                for name, a, b, p in zip(NAMES, run("fused", x, ws, gy, cdt), ref, ref32, strict=True):
+                    scale = max(1.0, b.abs().max().item())
+                    msg = f"{isa[0]} {path} {cdt} {name} {shape}"
+                    torch.testing.assert_close(
+                        a, b, rtol=tol, atol=tol * scale, msg=lambda m, s=msg: f"{s}: {m}"
+                    )
+                    if cdt == torch.float32:  # no worse than the Python core's own fp32 error
+                        err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
+                        assert err_f <= 2 * err_p + 1e-6 * scale, f"{msg}: {err_f:.3g} vs python {err_p:.3g}"
+
+
 def test_fused_gradcheck():
     x, ws = inputs(2, 4, 3, 6, seed=11)
     args = [t.requires_grad_() for t in (x, *ws)]
@@ -112,8 +182,10 @@ def test_fused_gradcheck():
 def test_matmul_paths_agree_and_timing_keeps_the_random_stream():
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(16, 40, generator=g), torch.randn(24, 40, generator=g)
-    for fn in matmul.paths().values():
-        torch.testing.assert_close(fn(x, w), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5)
+    for p in matmul.paths().values():
+        torch.testing.assert_close(
+            p.run(x, p.prepare(w)), x.double().mm(w.double().t()).float(), rtol=1e-5, atol=1e-5
+        )
     torch.manual_seed(0)
     expected = torch.rand(4)
     torch.manual_seed(0)
@@ -189,13 +261,26 @@ def test_build_failure_falls_back_with_one_warning(tmp_path):
 
 def test_kernel_table_round_trips_through_a_checkpoint_without_measuring(monkeypatch):
     """A resumed run must use the kernels the first run measured (same rounding): the table a checkpoint
-    keeps restores every row bucket of every (K, N, dtype), and nothing is timed again."""
+    keeps restores every row bucket of every (kind, K, N, dtype), and nothing is timed again. Entries
+    written before the fused core's "step" kind ([K, N, dtype, table]) restore as "linear"."""
     monkeypatch.delenv("MLSTM_MATMUL", raising=False)
     for m in (3, 16, 700):
         matmul.choose(m, 40, 24, torch.float32)
+        matmul.choose(m, 24, 40, torch.float32, kind="step")
     saved = json.loads(json.dumps(matmul.export_choices()))  # as written to rng_rank<r>.json
-    before = {m: matmul.choose(m, 40, 24, torch.float32) for m in (1, 5, 64, 4096)}
+    rows = (1, 5, 64, 4096)
+    before = {(m, kind): matmul.choose(m, *kn, torch.float32, kind=kind) for m in rows
+              for kind, kn in (("linear", (40, 24)), ("step", (24, 40)))}  # fmt: skip
+    assert {p for (_, kind), p in before.items() if kind == "step"} <= set(matmul.paths("step"))
     monkeypatch.setattr(matmul, "_choice", {})
     monkeypatch.setattr(matmul, "_time_paths", lambda *a, **k: pytest.fail("measured again after restore"))
     matmul.restore_choices(saved)
-    assert {m: matmul.choose(m, 40, 24, torch.float32) for m in (1, 5, 64, 4096)} == before
+    after = {(m, kind): matmul.choose(m, *kn, torch.float32, kind=kind) for m in rows
+             for kind, kn in (("linear", (40, 24)), ("step", (24, 40)))}  # fmt: skip
+    assert after == before
+    legacy = [[k, n, dt, table] for k, n, dt, table, kind in saved if kind == "linear"]
+    monkeypatch.setattr(matmul, "_choice", {})
+    matmul.restore_choices(legacy)
+    assert {m: matmul.choose(m, 40, 24, torch.float32) for m in rows} == {
+        m: before[m, "linear"] for m in rows
+    }

@@ -1,35 +1,50 @@
 """The mLSTM time loop compiled for CPU: forward and backward each one C++ op (csrc/mlstm_cpu.cpp).
 
 Same function, parameters and precision rules as `mlstm_core.MLSTMFunction` (the portable Python core,
-kept as fallback and reference); only the per-time-step loop moves out of Python. The input projection
-before the loop and the weight gradients after it stay large torch products (`app.model.matmul`).
+kept as fallback and reference); only the per-time-step loop moves out of Python. Before the loop, ONE
+product (T*B, D) x (D, 5H) for both input projections; after it, one product per weight gradient over
+all T*B tokens (d(w_in) and dx each one product, K = 5H), all routed by `app.model.matmul`.
 
-Per step, forward:  r = h_{t-1} W_mh^T (GEMM) -> m = pm_t * r (elementwise) -> m W_m^T (GEMM) ->
-ONE fused pass: pre-activations + bias, sigmoid/tanh gates, c_t, tanh(c_t), h_t.
-Per step, backward: ONE fused pass for every gate and cell derivative (dh, dc carry, dG) -> dG W_m
-(GEMM) -> one pass for d(pm), d(r) -> d(r) W_mh (GEMM). So the Python core's ~10 dispatched ops per
-step forward and ~9 backward become 2 GEMMs + 2 elementwise passes in one op call
-(`bench/mlstm_layer.py` counts them).
+Per step, forward (3 kernels: 2 GEMMs + 1 fused elementwise pass):
+    r = h_{t-1} W_mh^T  [GEMM, epilogue: keep r, m = pm_t * r]
+    q = m W_m^T         [GEMM]
+    gate pass           pre-activations + bias, sigmoid/tanh gates, c_t, tanh c_t, h_t
+Per step, backward (3 kernels):
+    dm = dG_t W_m       [GEMM, epilogue: d(pm) = dm * r, d(r) = dm * pm]
+    dh = d(r) W_mh      [GEMM]
+    gate pass           every gate / cell derivative of step t-1: dc carry, dG_{t-1}, the bias gradient
+The Python core dispatches ~10 ops per step forward and ~9 backward (`bench/mlstm_layer.py` counts them).
+
+Why it is fast on a CPU: the per-step products have only B rows, and a BLAS call per step pays dispatch,
+packing of the weight and generic blocking every step. Here each weight is packed ONCE per call into
+register-tile panels and a register-tiled kernel runs each step with no ATen dispatch inside the loop;
+light elementwise work rides in the GEMM's epilogue, and the gate math runs as one pass at full vector
+width (measured faster than per tile, where its many streams and short loops stalled the kernel). Which path each per-step product takes (this packed GEMM with one
+of two tiles, MKL's mm, oneDNN's linear) is measured per shape at first use (kind "step" in
+app/model/matmul.py; the table goes into checkpoints like the others, so a resume is bit-exact).
+The op's (T, B, .) buffers come from a small pool in the extension: torch's CPU allocator gives large
+tensors fresh pages every step, and faulting them in cost 5-14 ms of a ~100 ms step.
 
 Build: on first use with torch.utils.cpp_extension.load (ninja), the way DeepSpeed JIT-builds its ops,
 cached under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); a failed build logs ONE warning
 and the Python core runs instead. No -march=native: the cache may be shared by machines with different
-CPUs, so the elementwise kernels are function-multiversioned (AVX-512 / AVX2+FMA / SSE2 clones picked at
-load time) and written to auto-vectorise; see the C++ file's header.
+CPUs, so every kernel is compiled for AVX-512, AVX2+FMA and SSE2 (own vector width and register tiles
+each) and the best level the CPU has is picked at load (`set_isa` lowers it: the tests run all three);
+see the C++ file's header.
 
-GPU design (not built here; the layout is chosen so it maps 1:1):
-- Per step the work is two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), and the elementwise passes.
-  On a GPU, `m = pm_t * r` becomes the epilogue of the first GEMM (cuBLASLt / CUTLASS epilogue, or a
-  tiny kernel), and the gate/cell pass is ONE fused kernel over B x H threads (each thread reads its four
-  pre-activations from the (B, 4H) GEMM output, writes gates, c, tanh c, h): 2 GEMMs + 1 fused kernel.
-  Backward mirrors it: 1 fused derivative kernel + 2 GEMMs (+ the d(pm), d(r) epilogue).
+GPU design (not built here; the CPU op has the same structure, so it maps 1:1):
+- Per step: two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), the first with its epilogue fused
+  (cuBLASLt / CUTLASS epilogue), and ONE fused elementwise kernel over B x H threads (each reads its
+  unit's four pre-activations, writes gates, c, tanh c, h): 3 kernels per step each way, as on the CPU;
+  dy enters through the backward gate kernel. On a GPU the gate math can also move into the second
+  GEMM's epilogue if its tile covers the four gates of the same units (pack W_m gate-interleaved).
 - At small B the step is launch-bound (3 kernels x T steps): capture the whole T-step loop once per
-  (B, T, H, dtype) in a CUDA graph (torch.cuda.graphs) with the preallocated buffers used here (all
-  per-step tensors are slices of (T, B, .) buffers allocated before the loop, so addresses are static),
-  and replay it; backward likewise. That is where the per-step host overhead the CPU op removes goes
-  on a GPU.
+  (B, T, H, dtype) in a CUDA graph (torch.cuda.graphs) with buffers allocated before the loop (every
+  per-step tensor here is a slice of a (T, B, .) buffer, so addresses are static) and replay it;
+  backward likewise. That is where the per-step host overhead the CPU op removes goes on a GPU.
 - Beyond that, a persistent kernel keeping W_mh / W_m in shared memory / registers across steps (as
-  cuDNN's persistent RNN does) removes the weight re-reads per step for H up to ~1-2K.
+  cuDNN's persistent RNN does) removes the weight re-reads per step for H up to ~1-2K: the GPU analogue
+  of packing the weights once per call here.
 - The before-loop input projection and after-loop weight gradients are already single large GEMMs.
 """
 
@@ -42,7 +57,8 @@ from pathlib import Path
 
 import torch
 
-from app.model.matmul import grad_weight, linear, use_onednn
+from app.model import matmul
+from app.model.matmul import grad_weight, linear
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +76,7 @@ def _build() -> None:
     # The name carries the torch version: a cached build against another torch's ABI is never reused.
     tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
     load(
-        name=f"mlstm_cpu_v3_torch{tv}",
+        name=f"mlstm_cpu_v4m_torch{tv}",
         sources=[str(_SRC)],
         extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
         extra_ldflags=["-fopenmp"],
@@ -78,12 +94,45 @@ def fused_ops():
             try:
                 _build()
                 _state["ops"] = torch.ops.mlstm_cpu
+                _register_packed(torch.ops.mlstm_cpu.isa(-1))
             except Exception as e:  # any compiler / toolchain failure: fall back, say so once
                 _state["error"] = (
                     f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
                 )
                 log.warning("fused mLSTM core did not build (%s); using the Python core", _state["error"])
     return _state.get("ops")
+
+
+def _register_packed(isa: list[str]) -> None:
+    """Offer the packed GEMM's two tiles of the active ISA level as "step" paths (app/model/matmul.py)."""
+    ops = torch.ops.mlstm_cpu
+    _state["isa"] = isa
+    matmul.register_paths(
+        "step",
+        {
+            name: matmul.Path(
+                run=lambda x, pw, i=i: ops.packed_linear(x, pw[0], pw[1], i),
+                prepare=lambda w, i=i: (ops.pack(w, i), w.shape[0]),
+            )
+            for i, name in enumerate(isa[1:])
+        },
+    )
+
+
+def set_isa(level: int) -> list[str]:
+    """Cap the kernels' ISA level (2 AVX-512, 1 AVX2 + FMA, 0 baseline SSE2; never above the CPU's) ->
+    [level, tile names]. For tests: every level's code runs on one machine."""
+    isa = fused_ops().isa(level)
+    _register_packed(isa)
+    return isa
+
+
+def _path_code(m: int, k: int, n: int, dtype: torch.dtype) -> int:
+    """The op's code for the path measured fastest for this per-step product: 0 mm, 1 oneDNN, 2 + i the
+    packed GEMM with tile i of the active ISA level."""
+    name = matmul.choose(m, k, n, dtype, kind="step")
+    codes = {"mm": 0, "onednn": 1, **{t: 2 + i for i, t in enumerate(_state["isa"][1:])}}
+    return codes[name]
 
 
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -115,38 +164,44 @@ class FusedMLSTMFunction(torch.autograd.Function):
     def forward(ctx, x, w_in, bias, w_mh, w_m):
         B, T, D = x.shape
         H = w_mh.shape[0]
-        sdt = bias.dtype
-        ops = fused_ops()
-        xt = x.transpose(0, 1).contiguous()  # (T, B, D)
-        proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
-        pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
-        pg = proj[..., H:] + bias  # (T, B, 4H) W_x x_t + b
-        cdt = w_mh.dtype
+        sdt, cdt = bias.dtype, w_mh.dtype
+        # (T, B) token order: one step's rows contiguous in proj (a (B, T) buffer would put them a
+        # power-of-two stride apart, on the same L1 sets)
+        ops = fused_ops()  # buffers from its pool: no fresh pages to fault in every step
+        xt = ops.empty([T * B, D], x.dtype)  # (T*B, D)
+        xt.view(T, B, D).copy_(x.transpose(0, 1))
+        proj = linear(xt, w_in, out=ops.empty([T * B, 5 * H], x.dtype))  # (T*B, 5H) [W_mx x | W_x x]
+        if proj.dtype != sdt:
+            proj = ops.empty([T * B, 5 * H], sdt).copy_(proj)
+        proj = proj.view(T, B, 5 * H)
         # each per-step product on the path measured fastest for its shape (app/model/matmul.py)
-        dnn_r, dnn_g = use_onednn(B, H, H, cdt), use_onednn(B, H, 4 * H, cdt)
-        hs, cs, tcs, gates, ms, rs = ops.forward(pm, pg, w_mh, w_m, dnn_r, dnn_g)
-        ctx.save_for_backward(xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs)
-        return hs[1:].transpose(0, 1).contiguous()  # (B, T, H)
+        path_r, path_g = _path_code(B, H, H, cdt), _path_code(B, H, 4 * H, cdt)
+        y, hs, cs, tcs, gates, ms, rs, pms = ops.forward(
+            proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g
+        )  # y (B, T, H), written in place by the loop
+        ctx.save_for_backward(xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs)
+        return y  # (B, T, H)
 
     @staticmethod
     def backward(ctx, dy):
-        xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
-        T, B, D = xt.shape
-        H = w_mh.shape[0]
-        dyt = dy.transpose(0, 1).to(pm.dtype).contiguous()  # (T, B, H) state dtype
+        xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
+        T, B, H = pms.shape
+        D = xt.shape[1]
         cdt = w_mh.dtype
-        w_mh_t, w_m_t = w_mh.t().contiguous(), w_m.t().contiguous()  # (H, H), (H, 4H): products as x @ w.T
-        dnn_m, dnn_h = use_onednn(B, 4 * H, H, cdt), use_onednn(B, H, H, cdt)
-        dG, dPm, dR = fused_ops().backward(dyt, gates, cs, tcs, rs, pm, w_mh_t, w_m_t, dnn_m, dnn_h)
-        N = T * B
-        dG2, dPm2, X = dG.view(N, 4 * H), dPm.view(N, H), xt.view(N, D)
+        path_m, path_h = _path_code(B, 4 * H, H, cdt), _path_code(B, H, H, cdt)
+        dP, dR, d_bias = fused_ops().backward(
+            dy.to(pms.dtype), gates, cs, tcs, rs, pms, w_mh, w_m, path_m, path_h
+        )
+        N = B * T
+        dP2 = dP.view(N, 5 * H)  # (T*B, 5H) rows [d(W_mx x) | dG]: columns in w_in's row order
+        dG2 = dP2[:, H:]  # (N, 4H) view
         d_w_m = grad_weight(dG2, ms.view(N, H))  # (4H, H)
         d_w_mh = grad_weight(dR.view(N, H), hs[:-1].reshape(N, H))  # (H, H)
-        d_bias = dG2.sum(dim=0, dtype=pm.dtype)  # (4H,)
-        d_w_in = torch.cat((grad_weight(dPm2, X), grad_weight(dG2, X)))  # (5H, D)
+        d_w_in = grad_weight(dP2, xt)  # (5H, D): both input projections in one product
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = linear(dG2, w_in[H:].t().contiguous())  # (N, D)
-            dx += linear(dPm2, w_in[:H].t().contiguous())
+            dx = linear(
+                dP2, w_in.t().contiguous(), out=fused_ops().empty([N, D], dP2.dtype)
+            )  # (T*B, D), K = 5H
             dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
         return dx, d_w_in, d_bias, d_w_mh, d_w_m
