@@ -165,11 +165,13 @@ def ds_config(shipped: str, overrides: list[str], where: Path) -> str:
 def train(data: Path, out: Path, args, budget: float | None, port: int) -> float:
     """The quickstart's training command on `data` (tuning flags after it win); -> its wall seconds."""
     _, launcher = quickstart_commands(budget, args.steps)
-    assert launcher[:2] == ["--num_gpus", launcher[1]] and "app/train.py" in launcher, launcher
-    rest = fill(launcher[2:], data=str(data), out=str(out))
+    script = launcher.index("app/train.py")  # the launcher's own options before it (--log_level, --num_gpus)
+    opts = dict(zip(launcher[:script:2], launcher[1:script:2], strict=True))
+    assert "--num_gpus" in opts, launcher
+    rest = fill(launcher[script:], data=str(data), out=str(out))
     cmd = [
-        str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.procs), "--master_port", str(port),
-        *rest, "--wandb-mode", "disabled", "--progress", "false", *shlex.split(args.train_args),
+        str(Path(sys.executable).parent / "deepspeed"), *(a for k, v in opts.items() if k != "--num_gpus" for a in (k, v)),
+        "--num_gpus", str(args.procs), "--master_port", str(port), *rest, "--wandb-mode", "disabled", "--progress", "false", *shlex.split(args.train_args),
     ]  # fmt: skip
     if args.ds_set:
         shipped = rest[rest.index("--deepspeed_config") + 1]
