@@ -108,26 +108,19 @@ def _model_config(spec, vocab: int, device: str):
 
 def _heldout_bits_per_byte(model, ids, num_bytes: int, bos: int, pad: int, device) -> float:
     """evaluate.py --text: pieces of TEXT_CHUNK tokens, each after BOS from a zero state."""
-    import numpy as np
     import torch
 
     from app.model.loss import IGNORE_INDEX
+    from app.training.batching import shifted_batch
 
     pieces = [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK)]
     nats = 0.0
     for b in range(0, len(pieces), 64):
-        group = pieces[b : b + 64]
-        T = max(len(p) for p in group)
-        x = np.full((len(group), T), pad, dtype=np.int64)
-        y = np.full((len(group), T), IGNORE_INDEX, dtype=np.int64)
-        for r, p in enumerate(group):
-            y[r, : len(p)] = p
-            x[r, 0] = bos
-            x[r, 1 : len(p)] = p[:-1]
-        logits = model(torch.from_numpy(x).to(device))  # (B, T, V)
+        x, y = shifted_batch(pieces[b : b + 64], bos, pad)
+        logits = model(x.to(device))  # (B, T, V)
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).double(),
-            torch.from_numpy(y).to(device).reshape(-1),
+            y.to(device).reshape(-1),
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from app.common.toolchain import use_environment_scripts
 from app.model import matmul
 from app.model.matmul import grad_weight, linear
 
@@ -71,6 +72,7 @@ _state: dict[str, object] = {}  # "ops": the loaded op namespace, or "error": wh
 def _build() -> None:
     from torch.utils.cpp_extension import load
 
+    use_environment_scripts()  # this environment's ninja, whatever the shell's PATH (app/common/toolchain.py)
     # -fno-trapping-math lets GCC if-convert the clamps/selects in the activations so the loops
     # vectorise; it changes no result (we never enable FP traps).
     # The name carries the torch version: a cached build against another torch's ABI is never reused.

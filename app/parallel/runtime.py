@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from app.common.logs import get_logger, library_prints
+from app.common.toolchain import use_environment_scripts
 
 # Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
@@ -105,6 +106,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     secrets = load_secrets()
+    use_environment_scripts()  # DeepSpeed JIT-builds its CPU comm op below, with ninja from PATH
     if launched:
         watch_launcher()
     backend = get_accelerator().communication_backend_name()

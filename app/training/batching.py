@@ -8,6 +8,7 @@ step of an epoch is filled up with empty micro-batches so all ranks run the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,7 +261,12 @@ def collate(store: TokenStore, mb: MicroBatch, bos_id: int, pad_id: int) -> tupl
         return torch.full((1, 1), pad_id, dtype=torch.long), torch.full(
             (1, 1), IGNORE_INDEX, dtype=torch.long
         )
-    seqs = [store.ids(int(i)) for i in mb.indices]
+    return shifted_batch([store.ids(int(i)) for i in mb.indices], bos_id, pad_id)
+
+
+def shifted_batch(seqs: Sequence, bos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences as right-padded (inputs, targets), both (B, T) int64: each row's inputs are
+    [bos] + its targets[:-1]; pad positions carry no target."""
     T = max(len(s) for s in seqs)
     targets = np.full((len(seqs), T), IGNORE_INDEX, dtype=np.int64)
     inputs = np.full((len(seqs), T), pad_id, dtype=np.int64)
