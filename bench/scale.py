@@ -236,6 +236,8 @@ def main() -> None:
     args = p.parse_args()
     sizes = [float(x) for x in args.sizes.split(",")]
     one = args.one_worker_size if args.one_worker_size is not None else sizes[len(sizes) // 2]
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.workdir))
     runs: list[dict] = []
     skipped: list[dict] = []
