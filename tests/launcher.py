@@ -128,6 +128,21 @@ def train(
     return p
 
 
+def train_one_process(
+    data: Path, out: Path, *extra: str, config: Path | None = CPU_CONFIG
+) -> subprocess.CompletedProcess:
+    """`python app/train.py` without the launcher: the documented plain single-process run (world 1, one
+    stage). For the refusals rank 0 makes before any peer matters (arguments, --out's lock, the resume
+    tag, a checkpoint's model/tokenizer/data): the same code and the same one line as under the launcher,
+    without its two extra interpreters (~12 s a launch against ~4-7 s here)."""
+    return train_process(train_args(data, out, *extra, stages=1, config=config))
+
+
+def train_process(args: list[str]) -> subprocess.CompletedProcess:
+    """`python app/train.py ARGS`: one process, no launcher."""
+    return run([sys.executable, str(ROOT / "app" / "train.py"), *args])
+
+
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []

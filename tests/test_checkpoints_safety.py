@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import ROOT, train
+from launcher import ROOT, train, train_one_process
 from launcher import metrics as launcher_metrics
 from run_files import samples
 
@@ -65,8 +65,18 @@ def one_error_line(p: subprocess.CompletedProcess, needle: str) -> str:
 
 
 def resume(prepared_dir: Path, out: Path, *extra: str, data: Path | None = None):
+    """The reference run's 2 stages on 2 ranks under the launcher, resumed to step 9."""
     return train(
         2, data or prepared_dir, out, "--max-steps", "9", "--wandb-mode", "disabled", *extra, check=False
+    )
+
+
+def refused(prepared_dir: Path, out: Path, *extra: str, data: Path | None = None):
+    """The same command as one plain process: for refusals rank 0 makes before any stage's weights are
+    read (the lock, the resume tag, model / tokenizer / data identity, the data's splits), which come
+    before the check that the stage layout matches the checkpoint's."""
+    return train_one_process(
+        data or prepared_dir, out, "--max-steps", "9", "--wandb-mode", "disabled", *extra
     )
 
 
@@ -131,7 +141,7 @@ def test_symlink_out_of_the_run_is_refused_everywhere(reference_run, prepared_di
         assert main(["--checkpoint", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "points outside" in err[0], (main.__module__, err)
-    one_error_line(resume(prepared_dir, out), "points outside")
+    one_error_line(refused(prepared_dir, out), "points outside")
 
 
 def test_meta_json_tokenizer_path_elsewhere_is_refused(reference_run, prepared_dir, tmp_path, capsys):
@@ -145,13 +155,13 @@ def test_meta_json_tokenizer_path_elsewhere_is_refused(reference_run, prepared_d
     args = ["--checkpoint", str(reference_run[0]), "--data", str(data)]
     assert evaluate_main(args) == 2
     assert "model_file" in capsys.readouterr().err
-    one_error_line(resume(prepared_dir, tmp_path / "fresh", data=data), "model_file")
+    one_error_line(refused(prepared_dir, tmp_path / "fresh", data=data), "model_file")
 
 
 def test_resume_takes_a_tag_under_out_only(reference_run, prepared_dir, tmp_path):
     out = copy_run(reference_run, tmp_path / "run")
     other = str(reference_run[0] / "checkpoints" / PREVIOUS)
-    one_error_line(resume(prepared_dir, out, "--resume", other), "expected a tag under --out")
+    one_error_line(refused(prepared_dir, out, "--resume", other), "expected a tag under --out")
 
 
 # ---------------------------------------------------------------- one run per directory
@@ -169,7 +179,7 @@ def test_second_run_fails_fast_naming_the_holder_and_a_dead_holders_lock_is_take
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        line = one_error_line(resume(prepared_dir, out), "another run is using")
+        line = one_error_line(refused(prepared_dir, out), "another run is using")
         assert f"pid {holder.pid}" in line
         os.kill(holder.pid, signal.SIGKILL)  # dies holding it: the kernel releases a flock with its owner
         holder.wait(timeout=30)
@@ -244,7 +254,7 @@ def test_resume_refuses_another_model_tokenizer_or_data(reference_run, prepared_
         extra = ["model.hidden_dim=96"]
     else:
         extra = ["model.residual=true"]
-    one_error_line(resume(prepared_dir, out, *extra, data=data), needle)
+    one_error_line(refused(prepared_dir, out, *extra, data=data), needle)
 
 
 # ---------------------------------------------------------------- edges
@@ -255,7 +265,7 @@ def test_wrongly_typed_deepspeed_json_is_one_line_naming_the_key(prepared_dir, t
     cfg["bf16"] = True
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(cfg))
-    p = train(2, prepared_dir, tmp_path / "run", "--max-steps", "1", config=path, check=False)
+    p = train_one_process(prepared_dir, tmp_path / "run", "--max-steps", "1", config=path)
     one_error_line(p, "`bf16` must be a JSON object")
 
 
@@ -267,7 +277,7 @@ def test_empty_validation_split_is_one_line(prepared_dir, tmp_path):
     (data / "meta.json").write_text(json.dumps(meta))
     shutil.rmtree(data / "validation")
     (data / "validation").mkdir()  # what data_prep leaves for a one-book corpus
-    one_error_line(resume(prepared_dir, tmp_path / "run", data=data), "validation split is empty")
+    one_error_line(refused(prepared_dir, tmp_path / "run", data=data), "validation split is empty")
 
 
 def test_resume_after_torn_metrics_line_with_redacted_secret_and_wandb_rewound(

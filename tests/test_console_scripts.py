@@ -8,6 +8,10 @@ whichever checkout installed it); `python -m app.generate` runs as a module in t
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
+import sys
+import zipfile
 import re
 
 import pytest
@@ -35,3 +39,21 @@ def test_console_script_target_answers_help(name, capsys):
         main(["--help"])
     out = capsys.readouterr().out  # (importing DeepSpeed in this process may print a line first)
     assert done.value.code == 0 and re.search(r"^usage: ", out, flags=re.M), out[:500]
+
+
+def test_the_wheel_carries_what_the_package_reads_at_run_time(tmp_path):
+    """A pip-installed user builds the fused core from the C++ sources: they must be in the wheel (without
+    them the build fails and every run falls back to the Python core)."""
+    src = tmp_path / "src"
+    for part in ("app", "data_prep"):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", src)
+    shutil.copy(ROOT / "README.md", src)
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path)]
+    p = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    csrc = ROOT / "app" / "model" / "csrc"
+    needed = {str(f.relative_to(ROOT)) for f in csrc.iterdir() if f.suffix in (".cpp", ".h")}
+    assert len(needed) >= 2 and needed <= names, sorted(needed - names)

@@ -140,6 +140,8 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous_checkpoint(pre
     moved = small_disk.parent / "moved"
     shutil.copytree(out, moved)
     args = cmd[cmd.index(str(ROOT / "app/train.py")) + 1 :]
-    again = deepspeed_cmd(2, "app/train.py", [str(moved) if a == str(out) else a for a in args])
+    args = [str(moved) if a == str(out) else a for a in args]
+    args[args.index("--max-steps") + 1] = "3"  # one step past the checkpoint shows it loads and trains
+    again = deepspeed_cmd(2, "app/train.py", args)
     q = subprocess.run(again, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert q.returncode == 0 and "step_00000002 at step 2" in q.stderr, q.stderr[-3000:]

@@ -10,13 +10,11 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 from conftest import FAKE_WANDB_KEY as FAKE_KEY
 from conftest import REF_STEPS as STEPS
-from launcher import ROOT, metrics, train, train_losses
+from launcher import ROOT, metrics, train, train_losses, train_process
 from run_files import (
     check_samples,
     check_staged,
@@ -182,7 +180,7 @@ def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir,
         return {f: f.read_bytes() for f in out.rglob("*") if f.is_file() and f.name != "run.lock"}
 
     before = files()
-    p = run_single(["--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data",
+    p = train_process(["--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data",
                     str(prepared_dir), "--pipeline-stages", "1", "--out", str(out), "--model-config", "debug"])  # fmt: skip
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert p.returncode == 2 and len(err) == 1, p.stderr[-2000:]
@@ -214,16 +212,6 @@ def test_non_finite_steps_are_skipped_on_every_rank_then_stop(prepared_dir, tmp_
     assert "Traceback" not in p.stderr
 
 
-def run_single(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "app" / "train.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.parametrize(
     "case, needle",
     [
@@ -249,7 +237,7 @@ def test_bad_input_is_one_clear_line(case, needle, prepared_dir, tmp_path):
         extra = ["model.hidden_dim=0"]
     if case != "bad_json":
         (tmp_path / "c.json").write_text(json.dumps(cfg))
-    p = run_single(
+    p = train_process(
         [
             "--deepspeed_config",
             str(tmp_path / "c.json"),
