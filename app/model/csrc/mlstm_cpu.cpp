@@ -21,9 +21,9 @@
 // compiled three times, for AVX-512 (x86-64-v4 features), AVX2 + FMA and the SSE2 baseline, each with its
 // own vector width and register tiles; the best level the running CPU supports is picked at load time, and
 // `isa(level)` can lower it (the tests run all three on one machine). The kernels live in mlstm_kernels.h
-// (no torch headers) and each level is compiled in a file of its own, so ninja builds them in parallel. The math auto-vectorises: no libm
-// calls in the float path (a Cephes-style exp, tanh from a polynomial near 0 / from exp elsewhere, both
-// within a few ulp of libm) and GCC vector extensions for the GEMM tiles.
+// (no torch headers) and each level is compiled in a file of its own, so ninja builds them in parallel.
+// The math auto-vectorises: no libm calls in the float path (a Cephes-style exp, tanh from a polynomial
+// near 0 / from exp elsewhere, both within a few ulp of libm) and GCC vector extensions for the GEMM tiles.
 
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS  // per-op headers: the build parses far less of ATen
 #include <ATen/Parallel.h>
