@@ -173,6 +173,37 @@ def test_every_isa_and_product_path_matches_float64(isa, monkeypatch):
                         assert err_f <= 2 * err_p + 1e-6 * scale, f"{msg}: {err_f:.3g} vs python {err_p:.3g}"
 
 
+@pytest.mark.parametrize("isa", LEVELS, ids=LEVELS.values(), indirect=True)
+def test_threads_split_the_step_and_change_no_bit(isa):
+    """A team of threads splits each step's products by panels and its gate passes by units: forward and
+    backward outputs are bit-identical for 1, 2 and 3 threads (and every tile pair), at sizes where the
+    split leaves a thread a partial panel, a partial unit chunk, or nothing."""
+    ops = fused_ops()
+    before = torch.get_num_threads()
+    try:
+        for B, T, H in [(3, 4, 40), (5, 3, 72), (16, 2, 96)]:
+            g = torch.Generator().manual_seed(B * 1000 + H)
+            proj = torch.randn(B, T, 5 * H, generator=g)
+            bias, w_mh, w_m = (
+                torch.randn(*s, generator=g) * s[-1] ** -0.5 for s in [(4 * H,), (H, H), (4 * H, H)]
+            )
+            dy = torch.randn(B, T, H, generator=g)
+            for pr, pq in [(2, 2), (3, 3), (2, 3)]:  # packed tiles 0 / 1 of this level, for either product
+                outs = []
+                for threads in (1, 2, 3):
+                    torch.set_num_threads(threads)
+                    y, hs, cs, tcs, gates, ms, rs, pms = ops.forward(proj, bias, w_mh, w_m, pr, pq)
+                    back = ops.backward(dy, gates, cs, tcs, rs, pms, w_mh, w_m, pq, pr)
+                    outs.append([t.clone() for t in (y, hs, cs, gates, ms, *back)])
+                for threads, got in zip((2, 3), outs[1:], strict=True):
+                    for i, (a, b) in enumerate(zip(got, outs[0], strict=True)):
+                        assert torch.equal(a, b), (
+                            f"{isa[0]} B{B} T{T} H{H} tiles {pr, pq}: output {i}, {threads} threads"
+                        )
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_fused_gradcheck():
     x, ws = inputs(2, 4, 3, 6, seed=11)
     args = [t.requires_grad_() for t in (x, *ws)]

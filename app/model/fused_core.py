@@ -19,7 +19,12 @@ Why it is fast on a CPU: the per-step products have only B rows, and a BLAS call
 packing of the weight and generic blocking every step. Here each weight is packed ONCE per call into
 register-tile panels and a register-tiled kernel runs each step with no ATen dispatch inside the loop;
 light elementwise work rides in the GEMM's epilogue, and the gate math runs as one pass at full vector
-width (measured faster than per tile, where its many streams and short loops stalled the kernel). Which path each per-step product takes (this packed GEMM with one
+width (measured faster than per tile, where its many streams and short loops stalled the kernel).
+With several threads (torch.get_num_threads(): one process using several cores, as evaluation,
+generation and the layer benchmark do; training runs one thread per process) ONE team of threads spans
+the whole time loop and barriers separate a step's kernels: each product is split by weight panels, each
+gate pass by units, so every value is computed as by one thread and no result depends on the thread
+count. Which path each per-step product takes (this packed GEMM with one
 of two tiles, MKL's mm, oneDNN's linear) is measured per shape at first use (kind "step" in
 app/model/matmul.py; the table goes into checkpoints like the others, so a resume is bit-exact).
 The op's (T, B, .) buffers come from a small pool in the extension: torch's CPU allocator gives large

@@ -39,9 +39,13 @@
 
 #include <sys/mman.h>
 
+#include <omp.h>
+
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "mlstm_kernels.h"
 
@@ -174,6 +178,48 @@ void prefetch_rows(const void* p, int64_t rows, int64_t row_bytes, int64_t strid
 // it); costs a flag check when no profiler runs.
 #define MLSTM_RECORD(NAME) RECORD_FUNCTION(NAME, c10::ArrayRef<const c10::IValue>{})
 
+// The same record, made by one thread of a team only (thread 0, the caller's): one record per kernel.
+struct TeamRecord {
+  std::optional<at::RecordFunction> guard;
+  TeamRecord(int tid, const char* name) {
+    if (tid != 0) return;
+    guard.emplace(at::RecordScope::FUNCTION);
+    if (guard->isActive()) guard->before(std::string_view(name), c10::ArrayRef<const c10::IValue>{});
+  }
+};
+
+// ---- threads: a team splits each step's work ---------------------------------------------------------------
+// With T steps of three kernels each, a parallel region per kernel would pay the team's start 3T times; one
+// region spans the whole time loop instead and barriers separate the kernels: each product is split by
+// panels, each elementwise pass by units (a multiple of 16), so every value is computed exactly as by one
+// thread and the result does not depend on the thread count. One thread (the training default: a process
+// per core) runs the same loop with no team.
+int team_size(int64_t H) {
+  if (at::in_parallel_region()) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), H / 16)));
+}
+struct Share {
+  int64_t a, b;  // [a, b)
+};
+Share share(int64_t n, int tid, int nth) { return {n * tid / nth, n * (tid + 1) / nth}; }
+Share share_units(int64_t H, int tid, int nth) {
+  const int64_t chunk = (H + 16 * nth - 1) / (16 * nth) * 16;
+  return {std::min(H, tid * chunk), std::min(H, (tid + 1) * chunk)};
+}
+constexpr int64_t ALL = INT64_MAX;  // every panel
+// This thread's share of a step (call inside the team): panels of the step's two products (np1, np2 panels)
+// and units of its gate pass.
+struct TeamShare {
+  int tid;
+  Share p1, p2, units;
+  TeamShare(int64_t np1, int64_t np2, int64_t H) : tid(omp_get_thread_num()) {
+    const int nth = omp_get_num_threads();
+    p1 = share(np1, tid, nth);
+    p2 = share(np2, tid, nth);
+    units = share_units(H, tid, nth);
+  }
+};
+
 // ---- one per-step product, on its path ---------------------------------------------------------------------
 enum : int64_t { PATH_MM = 0, PATH_ONEDNN = 1, PATH_TILE0 = 2 };  // 2 + i: packed with tile i
 
@@ -199,7 +245,7 @@ struct Product {
   at::Tensor scratch; // packed path: MR x K zero-padded tail rows
   int tile = 0;
 
-  Product(int64_t path_, const at::Tensor& wsrc /* (N, K) view */, int64_t B) : path(path_) {
+  Product(int64_t path_, const at::Tensor& wsrc /* (N, K) view */, int64_t B, int threads = 1) : path(path_) {
     N = wsrc.size(0);
     K = wsrc.size(1);
     if (path == PATH_MM) {
@@ -216,12 +262,15 @@ struct Product {
       packed = pooled({packed_size(N, K, nr)}, so.dtype().toScalarType());
       pack<C, typename S::T>(reinterpret_cast<const typename C::T*>(wsrc.data_ptr()), N, K, wsrc.stride(0),
                              wsrc.stride(1), nr, packed.data_ptr<typename S::T>());
-      scratch = pooled({8 * K}, wsrc.scalar_type());  // MR <= 8
+      scratch = pooled({8 * K * threads}, wsrc.scalar_type());  // MR <= 8, one per thread
     }
   }
   bool is_packed() const { return path >= PATH_TILE0; }
   const typename S::T* bp() const { return packed.data_ptr<typename S::T>(); }
-  typename C::T* scr() const { return reinterpret_cast<typename C::T*>(scratch.data_ptr()); }
+  typename C::T* scr(int tid = 0) const {  // this thread's
+    return reinterpret_cast<typename C::T*>(scratch.data_ptr()) + tid * 8 * K;
+  }
+  int64_t panels(int nr) const { return (N + nr - 1) / nr; }
   // ATen paths: x (B, K) -> out (B, N) in the compute dtype; returns its data.
   const typename C::T* aten(const at::Tensor& x) {
     if (path == PATH_ONEDNN) out = onednn_linear(x, w).contiguous();
@@ -248,7 +297,8 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
   auto ms = pooled({T, B, H}, cd);         // m_t
   auto rs = pooled({T, B, H}, cd);         // W_mh h_{t-1}
   auto pms = pooled({T, B, H}, sd);        // W_mx x_t
-  Product<C, S> pr(path_r, w_mh, B), pq(path_g, w_m, B);
+  const int nt = team_size(H);
+  Product<C, S> pr(path_r, w_mh, B, nt), pq(path_g, w_m, B, nt);
   auto q = pooled({B, 4 * H}, sd);  // W_m m_t of one step, unrounded, for the gate pass
   auto* q_p = q.data_ptr<ST>();
   const ST* pj = proj.data_ptr<ST>();
@@ -262,8 +312,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
   auto* g_p = gates.data_ptr<ST>();
   auto* pms_p = pms.data_ptr<ST>();
   const int64_t n = B * H;
-  for (int64_t t = 0; t < T; ++t) {
-    const ST* pt = pj + t * pj_t;
+  auto prefetch_next = [&](int64_t t) {
     if (t + 1 < T) {  // the next step's inputs and outputs
       const int64_t u = t + 1;
       prefetch_rows(pj + u * pj_t, B, 5 * H * sizeof(ST), pj_b * sizeof(ST), false);
@@ -276,12 +325,47 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
       prefetch(hs_p + (u + 1) * n, n * sizeof(CT), true);
       prefetch_rows(y_p + u * H, B, H * sizeof(CT), T * H * sizeof(CT), true);
     }
+  };
+  if (pr.is_packed() && pq.is_packed()) {
+    const auto &tr = F.tile[pr.tile], &tq = F.tile[pq.tile];
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const TeamShare my(pr.panels(tr.nr), pq.panels(tq.nr), H);
+      for (int64_t t = 0; t < T; ++t) {
+        if (my.tid == 0) prefetch_next(t);
+        const ST* pt = pj + t * pj_t;
+        FwdM<C, S> em{rs_p + t * n, ms_p + t * n, pt, pms_p + t * n, H, pj_b};
+        Gates<C, S> eg{pt + H, bias.data_ptr<ST>(), g_p + t * 4 * n, cs_p + t * n, cs_p + (t + 1) * n,
+                       tcs_p + t * n, hs_p + (t + 1) * n, y_p + t * H, H, pj_b, T * H};
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::gemm_m");
+          tr.fwd_m(B, H, H, hs_p + t * n, H, pr.bp(), pr.scr(my.tid), em, my.p1.a, my.p1.b);
+        }
+#pragma omp barrier
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::gemm_q");
+          tq.keep(B, 4 * H, H, ms_p + t * n, H, pq.bp(), pq.scr(my.tid), Keep<C, S>{q_p, 4 * H}, my.p2.a,
+                  my.p2.b);
+        }
+#pragma omp barrier
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::fwd_gates");
+          F.p_gates_s(B, 4 * H, q_p, eg, my.units.a, my.units.b - my.units.a);
+        }
+#pragma omp barrier
+      }
+    }
+    return {y, hs, cs, tcs, gates, ms, rs, pms};
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const ST* pt = pj + t * pj_t;
+    prefetch_next(t);
     FwdM<C, S> em{rs_p + t * n, ms_p + t * n, pt, pms_p + t * n, H, pj_b};
     Gates<C, S> eg{pt + H, bias.data_ptr<ST>(), g_p + t * 4 * n, cs_p + t * n, cs_p + (t + 1) * n,
                    tcs_p + t * n, hs_p + (t + 1) * n, y_p + t * H, H, pj_b, T * H};
     if (pr.is_packed()) {
       MLSTM_RECORD("mlstm_cpu::gemm_m");
-      F.tile[pr.tile].fwd_m(B, H, H, hs_p + t * n, H, pr.bp(), pr.scr(), em);
+      F.tile[pr.tile].fwd_m(B, H, H, hs_p + t * n, H, pr.bp(), pr.scr(), em, 0, ALL);
     } else {
       const CT* q = pr.aten(hs.select(0, t));  // (B, H)
       MLSTM_RECORD("mlstm_cpu::fwd_m");
@@ -290,10 +374,10 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
     if (pq.is_packed()) {
       {
         MLSTM_RECORD("mlstm_cpu::gemm_q");
-        F.tile[pq.tile].keep(B, 4 * H, H, ms_p + t * n, H, pq.bp(), pq.scr(), Keep<C, S>{q_p, 4 * H});
+        F.tile[pq.tile].keep(B, 4 * H, H, ms_p + t * n, H, pq.bp(), pq.scr(), Keep<C, S>{q_p, 4 * H}, 0, ALL);
       }
       MLSTM_RECORD("mlstm_cpu::fwd_gates");
-      F.p_gates_s(B, 4 * H, q_p, eg);
+      F.p_gates_s(B, 4 * H, q_p, eg, 0, H);
     } else {
       const CT* qc = pq.aten(ms.select(0, t));  // (B, 4H)
       MLSTM_RECORD("mlstm_cpu::fwd_gates");
@@ -318,7 +402,8 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
   auto dc = pooled({B, H}, pms.scalar_type()).zero_();
   auto db = at::zeros({4 * H}, pms.options());  // d(bias)
   // dm = dG W_m is x @ w^T with w = W_m^T (H, 4H); dh = d(r) W_mh with w = W_mh^T: transposed views
-  Product<C, S> pmp(path_m, w_m.t(), B), php(path_h, w_mh.t(), B);
+  const int nt = team_size(H);
+  Product<C, S> pmp(path_m, w_m.t(), B, nt), php(path_h, w_mh.t(), B, nt);
   auto dq = pooled({B, H}, pms.scalar_type());  // d(r) W_mh of one step, unrounded, for the gate pass
   auto* dq_p = dq.data_ptr<ST>();
   const ST* dy_p = dy.data_ptr<ST>();
@@ -341,7 +426,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
     MLSTM_RECORD("mlstm_cpu::bwd_gates");  // the last step: nothing arrives from a later one
     F.p_bwd_gates(B, H, nullptr, bg(T - 1));
   }
-  for (int64_t t = T - 1; t >= 0; --t) {
+  auto prefetch_next = [&](int64_t t) {
     if (t >= 1) {  // the next (earlier) step's inputs and outputs: step t-1's gate pass runs in this one
       const int64_t u = t - 1;
       prefetch(g_p + u * 4 * n, 4 * n * sizeof(ST), false);
@@ -353,10 +438,41 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
       prefetch(pm_p + t * n, n * sizeof(ST), false);
       prefetch(dR_p + t * n, n * sizeof(CT), true);
     }
+  };
+  if (pmp.is_packed() && php.is_packed()) {
+    const auto &tm = F.tile[pmp.tile], &th = F.tile[php.tile];
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const TeamShare my(pmp.panels(tm.nr), php.panels(th.nr), H);
+      for (int64_t t = T - 1; t >= 0; --t) {
+        if (my.tid == 0) prefetch_next(t);
+        BwdM<C, S> em{dP_p + t * 5 * n, dR_p + t * n, rs_p + t * n, pm_p + t * n, H, dp_b};
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::gemm_dm");
+          tm.bwd_m(B, H, 4 * H, dP_p + t * 5 * n + H, 5 * H, pmp.bp(), pmp.scr(my.tid), em, my.p1.a, my.p1.b);
+        }
+        if (t == 0) break;  // every thread: t is the same for all
+#pragma omp barrier
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::gemm_dh");
+          th.keep(B, H, H, dR_p + t * n, H, php.bp(), php.scr(my.tid), Keep<C, S>{dq_p, H}, my.p2.a, my.p2.b);
+        }
+#pragma omp barrier
+        {
+          TeamRecord rec(my.tid, "mlstm_cpu::bwd_gates");
+          F.p_bwd_gates_s(B, H, dq_p, bg(t - 1), my.units.a, my.units.b - my.units.a);
+        }
+#pragma omp barrier
+      }
+    }
+    return {dP, dR, db};
+  }
+  for (int64_t t = T - 1; t >= 0; --t) {
+    prefetch_next(t);
     BwdM<C, S> em{dP_p + t * 5 * n, dR_p + t * n, rs_p + t * n, pm_p + t * n, H, dp_b};
     if (pmp.is_packed()) {
       MLSTM_RECORD("mlstm_cpu::gemm_dm");
-      F.tile[pmp.tile].bwd_m(B, H, 4 * H, dP_p + t * 5 * n + H, 5 * H, pmp.bp(), pmp.scr(), em);
+      F.tile[pmp.tile].bwd_m(B, H, 4 * H, dP_p + t * 5 * n + H, 5 * H, pmp.bp(), pmp.scr(), em, 0, ALL);
     } else {
       const CT* q = pmp.aten(dP.select(0, t).narrow(1, H, 4 * H));  // (B, H)
       MLSTM_RECORD("mlstm_cpu::bwd_m");
@@ -366,10 +482,10 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
     if (php.is_packed()) {
       {
         MLSTM_RECORD("mlstm_cpu::gemm_dh");
-        F.tile[php.tile].keep(B, H, H, dR_p + t * n, H, php.bp(), php.scr(), Keep<C, S>{dq_p, H});
+        F.tile[php.tile].keep(B, H, H, dR_p + t * n, H, php.bp(), php.scr(), Keep<C, S>{dq_p, H}, 0, ALL);
       }
       MLSTM_RECORD("mlstm_cpu::bwd_gates");
-      F.p_bwd_gates_s(B, H, dq_p, bg(t - 1));
+      F.p_bwd_gates_s(B, H, dq_p, bg(t - 1), 0, H);
     } else {
       const CT* q = php.aten(dR.select(0, t));  // (B, H)
       MLSTM_RECORD("mlstm_cpu::bwd_gates");
@@ -460,10 +576,19 @@ at::Tensor linear_impl(const at::Tensor& x_, const at::Tensor& packed, int64_t N
   check(packed.numel() == packed_size(N, K, F.tile[tile].nr) && packed.scalar_type() == state_of(x.scalar_type()),
         "packed weight matches (N, K, tile, dtype)");
   auto out = at::empty({M, N}, x.options());
-  auto scratch = at::empty({8 * K}, x.options());
+  // split by panels over the threads, as inside the time loop (the timing that picks a path sees that)
+  const int64_t np = (N + F.tile[tile].nr - 1) / F.tile[tile].nr;
+  const int nt = static_cast<int>(std::min<int64_t>(team_size(N), np));
+  auto scratch = at::empty({8 * K * nt}, x.options());
   Store<C, S> e{reinterpret_cast<typename C::T*>(out.data_ptr()), N};
-  F.tile[tile].store(M, N, K, reinterpret_cast<const typename C::T*>(x.data_ptr()), K,
-                     packed.data_ptr<typename S::T>(), reinterpret_cast<typename C::T*>(scratch.data_ptr()), e);
+  const auto* xp = reinterpret_cast<const typename C::T*>(x.data_ptr());
+  auto* sp = reinterpret_cast<typename C::T*>(scratch.data_ptr());
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = omp_get_thread_num();
+    const Share sh = share(np, tid, omp_get_num_threads());
+    F.tile[tile].store(M, N, K, xp, K, packed.data_ptr<typename S::T>(), sp + tid * 8 * K, e, sh.a, sh.b);
+  }
   return out;
 }
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t tile) {

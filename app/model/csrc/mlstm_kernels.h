@@ -281,11 +281,14 @@ AI void micro(int64_t K, const typename C::T* a, int64_t lda, const A* bp, A* tm
 
 // The loop over panels (outer: each panel is read from L2/L3 once per step) and row tiles (inner). Rows
 // past the last full tile run on a zero-padded copy in `scratch` (MR x K), so one tile shape serves any B.
+// Only panels [p0, p1) (clipped to the panel count): threads split a product by panels, each with its own
+// scratch, and every output is computed exactly as in one call over all panels.
 template <class C, class A, int W, int MR, int NV, class E>
 AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda, const A* bp,
-             typename C::T* scratch, const E& e) {
+             typename C::T* scratch, const E& e, int64_t p0, int64_t p1) {
   constexpr int NR = NV * W;
-  const int64_t np = (N + NR - 1) / NR;
+  const int64_t np = std::min<int64_t>(p1, (N + NR - 1) / NR);
+  if (p0 >= np) return;
   const int64_t mfull = M - M % MR;
   if (mfull < M) {
     std::memset(static_cast<void*>(scratch), 0, sizeof(typename C::T) * MR * K);
@@ -293,7 +296,7 @@ AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t ld
       std::memcpy(scratch + (i - mfull) * K, a + i * lda, sizeof(typename C::T) * K);
   }
   alignas(64) A tmp[MR * NR];
-  for (int64_t p = 0; p < np; ++p) {
+  for (int64_t p = p0; p < np; ++p) {
     const A* panel = bp + p * K * NR;
     const int64_t n0 = p * NR, nc = std::min<int64_t>(NR, N - n0);
     for (int64_t m = 0; m < M; m += MR) {
@@ -337,13 +340,16 @@ template <class C, class S>
 struct Fns {
   using CT = typename C::T;
   using ST = typename S::T;
-  // GEMM with each epilogue: (M, N, K, a, lda, packed, scratch, epilogue)
-  using GFwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const FwdM<C, S>&);
-  using GBwdM = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const BwdM<C, S>&);
-  using GStore = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Store<C, S>&);
-  using GKeep = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const Keep<C, S>&);
-  using PGatesS = void (*)(int64_t, int64_t, const ST*, const Gates<C, S>&);  // q in the state type
-  using PBwdGS = void (*)(int64_t, int64_t, const ST*, const BwdGates<C, S>&);
+  // GEMM with each epilogue: (M, N, K, a, lda, packed, scratch, epilogue, first panel, end panel)
+  template <class E>
+  using G = void (*)(int64_t, int64_t, int64_t, const CT*, int64_t, const ST*, CT*, const E&, int64_t, int64_t);
+  using GFwdM = G<FwdM<C, S>>;
+  using GBwdM = G<BwdM<C, S>>;
+  using GStore = G<Store<C, S>>;
+  using GKeep = G<Keep<C, S>>;
+  // q in the state type: (B, N, q, epilogue, first unit, units)
+  using PGatesS = void (*)(int64_t, int64_t, const ST*, const Gates<C, S>&, int64_t, int64_t);
+  using PBwdGS = void (*)(int64_t, int64_t, const ST*, const BwdGates<C, S>&, int64_t, int64_t);
   // the same epilogues as passes over a plain (B, N) product in the compute dtype (paths mm / onednn)
   using PFwdM = void (*)(int64_t, int64_t, const CT*, const FwdM<C, S>&);
   using PGates = void (*)(int64_t, int64_t, const CT*, const Gates<C, S>&);
@@ -374,16 +380,19 @@ AI void plain_cols(int64_t B, int64_t N, const typename C::T* q, const E& e) {
     e.template cols<0>(b, 0, N, row.data());
   }
 }
+// The passes over a product kept in the state type ((B, N) with N = H, or 4H for the gates), for columns /
+// units [j0, j0 + nc): threads split them by units (every unit's math is the same either way).
 template <class C, class S, class E>
-AI void plain_cols_s(int64_t B, int64_t N, const typename S::T* q, const E& e) {
-  for (int64_t b = 0; b < B; ++b) e.template cols<0>(b, 0, N, q + b * N);
+AI void plain_cols_s(int64_t B, int64_t N, const typename S::T* q, const E& e, int64_t j0, int64_t nc) {
+  for (int64_t b = 0; b < B; ++b) e.template cols<0>(b, j0, nc, q + b * N + j0);
 }
 template <class C, class S>
-AI void plain_gates_s(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {
+AI void plain_gates_s(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e, int64_t j0,
+                      int64_t nu) {
   const int64_t H = N / 4;
   for (int64_t b = 0; b < B; ++b) {
-    const typename S::T* r = q + b * N;
-    e.template units<0>(b, 0, H, r, r + H, r + 2 * H, r + 3 * H);
+    const typename S::T* r = q + b * N + j0;
+    e.template units<0>(b, j0, nu, r, r + H, r + 2 * H, r + 3 * H);
   }
 }
 template <class C, class S>
@@ -401,10 +410,10 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
 #define MLSTM_ISA(NS, ATTR, WF, MR0, NV0, MR1, NV1)                                                          \
   namespace NS {                                                                                             \
   template <class C, class S, int MR, int NV, class E>                                                       \
-  ATTR void g(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda,                          \
-              const typename S::T* bp, typename C::T* scr, const E& e) {                                     \
+  ATTR void g(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda,                           \
+              const typename S::T* bp, typename C::T* scr, const E& e, int64_t p0, int64_t p1) {              \
     constexpr int W = sizeof(typename S::T) == 8 ? WF / 2 : WF;                                              \
-    gemm<C, typename S::T, W, MR, NV>(M, N, K, a, lda, bp, scr, e);                                          \
+    gemm<C, typename S::T, W, MR, NV>(M, N, K, a, lda, bp, scr, e, p0, p1);                                   \
   }                                                                                                          \
   template <class C, class S, class E>                                                                       \
   ATTR void p(int64_t B, int64_t N, const typename C::T* q, const E& e) {                                    \
@@ -415,12 +424,13 @@ AI void plain_gates(int64_t B, int64_t N, const typename C::T* q, const Gates<C,
     plain_gates<C, S>(B, N, q, e);                                                                           \
   }                                                                                                          \
   template <class C, class S, class E>                                                                       \
-  ATTR void ps(int64_t B, int64_t N, const typename S::T* q, const E& e) {                                   \
-    plain_cols_s<C, S>(B, N, q, e);                                                                          \
+  ATTR void ps(int64_t B, int64_t N, const typename S::T* q, const E& e, int64_t j0, int64_t nc) {            \
+    plain_cols_s<C, S>(B, N, q, e, j0, nc);                                                                   \
   }                                                                                                          \
   template <class C, class S>                                                                                \
-  ATTR void pgs(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e) {                        \
-    plain_gates_s<C, S>(B, N, q, e);                                                                         \
+  ATTR void pgs(int64_t B, int64_t N, const typename S::T* q, const Gates<C, S>& e, int64_t j0,               \
+                int64_t nu) {                                                                                 \
+    plain_gates_s<C, S>(B, N, q, e, j0, nu);                                                                  \
   }                                                                                                          \
   template <class C, class S, int MR, int NV>                                                                \
   typename Fns<C, S>::Tile tile() {                                                                \
