@@ -8,11 +8,11 @@ whichever checkout installed it); `python -m app.generate` runs as a module in t
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
-import re
 
 import pytest
 from launcher import ROOT
@@ -49,7 +49,17 @@ def test_the_wheel_carries_what_the_package_reads_at_run_time(tmp_path):
         shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", src)
     shutil.copy(ROOT / "README.md", src)
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(tmp_path),
+    ]
     p = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     (wheel,) = tmp_path.glob("*.whl")
