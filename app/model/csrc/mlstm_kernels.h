@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #define AI __attribute__((always_inline)) inline
@@ -215,33 +216,28 @@ struct BwdGates {
   }
 };
 
-// A plain product: store it (the op packed_linear, used to time and test the GEMM).
-template <class C, class S>
-struct Store {
-  typename C::T* out;
+// A product written out: rounded to the compute dtype (Store: the op packed_linear, used to time and test the
+// GEMM) or kept unrounded in the state type (Keep: the gate products, for a separate full-width gate pass).
+template <class C, class S, bool Round>
+struct Write {
+  using T = std::conditional_t<Round, typename C::T, typename S::T>;
+  T* out;
   int64_t ld;
   template <int NC>
   AI void cols(int64_t b, int64_t n0, int64_t nc, const typename S::T* v) const {
     const int64_t n = NC ? NC : nc;
-    typename C::T* o = out + b * ld + n0;
+    T* o = out + b * ld + n0;
 #pragma omp simd
-    for (int64_t k = 0; k < n; ++k) o[k] = C::st(v[k]);
+    for (int64_t k = 0; k < n; ++k) {
+      if constexpr (Round) o[k] = C::st(v[k]);
+      else o[k] = v[k];
+    }
   }
 };
-
-// A product kept unrounded in the state type (the gate product, for a separate full-width gate pass).
 template <class C, class S>
-struct Keep {
-  typename S::T* out;
-  int64_t ld;
-  template <int NC>
-  AI void cols(int64_t b, int64_t n0, int64_t nc, const typename S::T* v) const {
-    const int64_t n = NC ? NC : nc;
-    typename S::T* o = out + b * ld + n0;
-#pragma omp simd
-    for (int64_t k = 0; k < n; ++k) o[k] = v[k];
-  }
-};
+using Store = Write<C, S, true>;
+template <class C, class S>
+using Keep = Write<C, S, false>;
 
 // ---- the packed GEMM ------------------------------------------------------------------------------------
 // out (M, N) = a (M, K, row stride lda, compute dtype) @ B (K, N), with B packed as column panels of NR:
