@@ -243,7 +243,7 @@ struct Product {
   at::Tensor packed;  // packed path: panels in the state type
   at::Tensor out;     // mm / onednn: (B, N) result buffer (compute dtype)
   at::Tensor scratch; // packed path: MR x K zero-padded tail rows
-  int tile = 0;
+  int tile = 0, nr = 0;  // packed path: the tile and its panel width
 
   Product(int64_t path_, const at::Tensor& wsrc /* (N, K) view */, int64_t B, int threads = 1) : path(path_) {
     N = wsrc.size(0);
@@ -257,7 +257,7 @@ struct Product {
     } else {
       tile = static_cast<int>(path - PATH_TILE0);
       TORCH_CHECK(tile == 0 || tile == 1, "mlstm_cpu: unknown product path ", path);
-      const int nr = fns<C, S>().tile[tile].nr;
+      nr = fns<C, S>().tile[tile].nr;
       auto so = wsrc.options().dtype(c10::CppTypeToScalarType<typename S::T>::value);
       packed = pooled({packed_size(N, K, nr)}, so.dtype().toScalarType());
       pack<C, typename S::T>(reinterpret_cast<const typename C::T*>(wsrc.data_ptr()), N, K, wsrc.stride(0),
@@ -270,7 +270,7 @@ struct Product {
   typename C::T* scr(int tid = 0) const {  // this thread's
     return reinterpret_cast<typename C::T*>(scratch.data_ptr()) + tid * 8 * K;
   }
-  int64_t panels(int nr) const { return (N + nr - 1) / nr; }
+  int64_t panels() const { return panel_count(N, nr); }
   // ATen paths: x (B, K) -> out (B, N) in the compute dtype; returns its data.
   const typename C::T* aten(const at::Tensor& x) {
     if (path == PATH_ONEDNN) out = onednn_linear(x, w).contiguous();
@@ -330,7 +330,7 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
     const auto &tr = F.tile[pr.tile], &tq = F.tile[pq.tile];
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-      const TeamShare my(pr.panels(tr.nr), pq.panels(tq.nr), H);
+      const TeamShare my(pr.panels(), pq.panels(), H);
       for (int64_t t = 0; t < T; ++t) {
         if (my.tid == 0) prefetch_next(t);
         const ST* pt = pj + t * pj_t;
@@ -443,7 +443,7 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& dy, const at::Tensor& ga
     const auto &tm = F.tile[pmp.tile], &th = F.tile[php.tile];
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-      const TeamShare my(pmp.panels(tm.nr), php.panels(th.nr), H);
+      const TeamShare my(pmp.panels(), php.panels(), H);
       for (int64_t t = T - 1; t >= 0; --t) {
         if (my.tid == 0) prefetch_next(t);
         BwdM<C, S> em{dP_p + t * 5 * n, dR_p + t * n, rs_p + t * n, pm_p + t * n, H, dp_b};
@@ -577,7 +577,7 @@ at::Tensor linear_impl(const at::Tensor& x_, const at::Tensor& packed, int64_t N
         "packed weight matches (N, K, tile, dtype)");
   auto out = at::empty({M, N}, x.options());
   // split by panels over the threads, as inside the time loop (the timing that picks a path sees that)
-  const int64_t np = (N + F.tile[tile].nr - 1) / F.tile[tile].nr;
+  const int64_t np = panel_count(N, F.tile[tile].nr);
   const int nt = static_cast<int>(std::min<int64_t>(team_size(N), np));
   auto scratch = at::empty({8 * K * nt}, x.options());
   Store<C, S> e{reinterpret_cast<typename C::T*>(out.data_ptr()), N};

@@ -239,6 +239,9 @@ using Store = Write<C, S, true>;
 template <class C, class S>
 using Keep = Write<C, S, false>;
 
+// Column panels of NR a weight of N outputs is packed into.
+inline int64_t panel_count(int64_t N, int NR) { return (N + NR - 1) / NR; }
+
 // ---- the packed GEMM ------------------------------------------------------------------------------------
 // out (M, N) = a (M, K, row stride lda, compute dtype) @ B (K, N), with B packed as column panels of NR:
 // panel p holds B[k][p*NR + c] at bp[(p*K + k)*NR + c], zero-padded past N. Accumulation in the state type
@@ -283,7 +286,7 @@ template <class C, class A, int W, int MR, int NV, class E>
 AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t lda, const A* bp,
              typename C::T* scratch, const E& e, int64_t p0, int64_t p1) {
   constexpr int NR = NV * W;
-  const int64_t np = std::min<int64_t>(p1, (N + NR - 1) / NR);
+  const int64_t np = std::min<int64_t>(p1, panel_count(N, NR));
   if (p0 >= np) return;
   const int64_t mfull = M - M % MR;
   if (mfull < M) {
@@ -313,7 +316,7 @@ AI void gemm(int64_t M, int64_t N, int64_t K, const typename C::T* a, int64_t ld
 // along whichever of n, k is contiguous in src.
 template <class C, class A>
 void pack(const typename C::T* src, int64_t N, int64_t K, int64_t sn, int64_t sk, int NR, A* out) {
-  const int64_t np = (N + NR - 1) / NR;
+  const int64_t np = panel_count(N, NR);
   for (int64_t p = 0; p < np; ++p) {
     A* o = out + p * K * NR;
     const int64_t nc = std::min<int64_t>(NR, N - p * NR);
@@ -328,7 +331,7 @@ void pack(const typename C::T* src, int64_t N, int64_t K, int64_t sn, int64_t sk
   }
 }
 
-inline int64_t packed_size(int64_t N, int64_t K, int NR) { return (N + NR - 1) / NR * K * NR; }
+inline int64_t packed_size(int64_t N, int64_t K, int NR) { return panel_count(N, NR) * K * NR; }
 
 // ---- per-ISA instantiation -----------------------------------------------------------------------------
 // The function table one ISA level provides for one (compute, state) dtype pair.
