@@ -18,6 +18,10 @@ Model FLOPs count matmuls only, training = 3x forward: mLSTM 3 * 20 H^2 per toke
 `mfu` = model FLOP/s / measured peak of the precision used. `vs_python` = fused_fp32 / python_fp32
 tokens/s, `vs_naive` = fused_fp32 / naive_fp32; `vs_torch_lstm_per_flop` = fused_fp32 /
 torch_lstm_fp32 model FLOP/s (`python_vs_torch_lstm_per_flop` the same for the Python core).
+`loop_ms` / `outside_loop_ms`: the best fused_fp32 step's time inside the compiled time loop and outside
+it (bench/loop_clock.py). `vs_python_ceiling` / `vs_torch_lstm_per_flop_ceiling`: the two ratios that step
+would reach with the loop's recurrent products (20 H^2 FLOPs per token, training) at the measured fp32
+peak and its elementwise work free (Amdahl: the part outside the loop runs as it does for the Python core).
 `kernels_per_step`: compute ops dispatched per time step, forward and backward, counted with
 torch.profiler at the small size from the difference between T=8 and T=16 (so per-sequence work
 cancels); view/allocation ops are not kernels, nested ops count once (innermost). The fused core's
@@ -37,6 +41,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from loop_clock import timing_fused_loop  # bench/loop_clock.py (this script's folder is on sys.path)
 
 from app.model.config import debug_config, recurrent_flops_per_token
 from app.model.layers import RecurrentLayer
@@ -179,6 +184,7 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
     # hits numerators and denominators alike; best of the rounds (the first round also warms up:
     # allocations, oneDNN primitive creation, and is rarely the best). No new round past the deadline.
     rounds = 0
+    loop_s: dict[str, float] = {}  # the fused kinds: seconds inside the time loop in their best step
     for rep in range(reps):
         if rep >= 1 and time.perf_counter() > deadline:
             break
@@ -186,7 +192,14 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
         for kind in kinds:
             if kind.startswith("naive") and rep >= 2:
                 continue  # the slow baseline: two rounds are enough signal
-            best[kind] = min(best[kind], timeit(steps[kind][0], reps=1, warmup=0))
+            with timing_fused_loop() as clock:
+                if clock is not None:
+                    clock.reset()
+                t = timeit(steps[kind][0], reps=1, warmup=0)
+            if t < best[kind]:
+                best[kind] = t
+                if kind.startswith("fused") and clock is not None:
+                    loop_s[kind] = clock.seconds
         for path, (fn, _) in peaks.items():
             try:
                 best[path] = min(best[path], timeit(fn, reps=2, warmup=1 if rep == 0 else 0))
@@ -219,7 +232,39 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
         "python_vs_torch_lstm_per_flop": ratio(gflops["python_fp32"], gflops["torch_lstm_fp32"]),
         "vs_torch_lstm_per_flop_bf16": ratio(gflops["fused_bf16"], gflops["torch_lstm_bf16"]),
         "act_mb": act,
+        **amdahl(best, loop_s, tok_s, fpt, tokens, H, peak["fp32"]),
     }  # fmt: skip
+
+
+def recurrent_loop_flops_per_token(H: int) -> int:
+    """The time loop's products per token, training: forward h W_mh^T, m W_m^T, backward dG W_m,
+    d(r) W_mh, each 2 FLOPs per multiply-add: 2 * (H^2 + 4 H^2) * 2."""
+    return 20 * H * H
+
+
+def amdahl(best: dict, loop_s: dict, tok_s: dict, fpt: dict, tokens: int, H: int, peak: float) -> dict:
+    """What a faster time loop could still win. The fused step's time inside its loop and outside it
+    (input projection, weight gradients, weight norm: work the Python core does the same way), and the
+    ratios the step would reach with the loop's products running at the machine's measured fp32 matmul
+    peak (`*_ceiling`; its elementwise work free): no loop runs its 20 H^2 FLOPs per token faster, so a
+    target above its ceiling is out of any core's reach at this size, on this machine."""
+    if "fused_fp32" not in loop_s:
+        return {"loop_ms": UNAVAILABLE}
+    loop, step = loop_s["fused_fp32"], best["fused_fp32"]
+    outside = step - loop
+    loop_flops = recurrent_loop_flops_per_token(H) * tokens
+    fastest = outside + loop_flops / (peak * 1e9)
+    out = {
+        "loop_ms": 1e3 * loop, "outside_loop_ms": 1e3 * outside, "loop_share": loop / step,
+        "loop_gflops": loop_flops / loop / 1e9, "loop_at_peak_ms": 1e3 * loop_flops / (peak * 1e9),
+    }  # fmt: skip
+    if isinstance(tok_s["python_fp32"], float):
+        out["vs_python_ceiling"] = best["python_fp32"] / fastest
+    if isinstance(tok_s["torch_lstm_fp32"], float):
+        out["vs_torch_lstm_per_flop_ceiling"] = (fpt["mlstm"] / fastest) / (
+            fpt["lstm"] / best["torch_lstm_fp32"]
+        )
+    return out
 
 
 def count_kernels(run: Callable[[], None]) -> int:
@@ -313,6 +358,16 @@ def main() -> None:
         targets["large_vs_torch_lstm_per_flop>=1"] = met(r["vs_torch_lstm_per_flop"], 1.0)
         targets["large_mfu_fp32>=0.6"] = met(r["mfu"]["fp32"], TARGETS["mfu"])
     result["targets"] = targets
+    # the most each target's ratio could reach here with a perfect time loop (see amdahl())
+    result["target_ceilings"] = {
+        key: result[size].get(field, UNAVAILABLE)
+        for key, size, field in [
+            ("small_vs_python>=2.5", "small", "vs_python_ceiling"),
+            ("small_vs_torch_lstm_per_flop>=1", "small", "vs_torch_lstm_per_flop_ceiling"),
+            ("large_vs_torch_lstm_per_flop>=1", "large", "vs_torch_lstm_per_flop_ceiling"),
+        ]
+        if size in result
+    }
     result["loadavg_end"] = os.getloadavg()[0]
     result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["seconds"] = time.perf_counter() - t0

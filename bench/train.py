@@ -11,6 +11,9 @@ Python loop) run 1 is repeated per core and `fused_vs_python` = fused / python D
 and 3 use the first core. `--runs` picks which runs to make (`pipeline_*` / `vs_plain_torch` need
 them). The runs are repeated `--rounds` times, interleaved, so
 machine noise hits all of them alike; tokens/s is the median over every step after each run's first.
+`--runs bound` (with `--core fused,python`) runs the plain loop with each core in this process and times
+the fused core's time loops (bench/loop_clock.py): `fused_vs_python_bound` is the fused / python ratio the
+step would reach if those loops took no time (everything else is shared), the ceiling of any core.
 vs_plain_torch = DS P=1 / plain, pipeline_speedup = P=2 / P=1 beside the bubble-limited ideal
 P * M / (M + P - 1) for M micro-batches, and MFU against the measured fp32 matmul peak.
 
@@ -72,11 +75,25 @@ def plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -
     import torch
 
     torch.set_num_threads(threads)
-    return _plain_run(data, model, ds_cfg, steps)
+    return _plain_run(data, model, ds_cfg, steps)[0]
 
 
-def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int) -> list[float]:
-    """The same training step written directly in PyTorch, no DeepSpeed."""
+def bound_run(data: Path, model: dict, ds_cfg: dict, steps: int, threads: int) -> tuple[list, list]:
+    """The plain loop with the fused core, timing its time loops: (tokens/s of each step, tokens/s of the
+    same steps without the time spent inside the loops), steps after the first."""
+    import torch
+    from loop_clock import timing_fused_loop  # bench/loop_clock.py
+
+    torch.set_num_threads(threads)
+    with timing_fused_loop() as clock:
+        if clock is None:
+            raise RuntimeError("the fused core is unavailable")
+        return _plain_run(data, {**model, "core": "fused"}, ds_cfg, steps, clock)
+
+
+def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, clock=None) -> tuple[list, list]:
+    """The same training step written directly in PyTorch, no DeepSpeed. With a LoopClock, also the
+    tokens/s each step would have with its time loops taking no time."""
     import torch
 
     from app.model.config import ModelConfig
@@ -99,11 +116,13 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int) -> list[float]
     lr_fn = lambda s: lr_multiplier(s, warmup=2, total=steps, decay="cosine", min_ratio=0.1)  # noqa: E731
     sched_lr = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
     plan = sched.epoch(0)
-    tps = []
+    tps, outside = [], []
     for step in range(steps):
         mbs = plan[step]
         tokens = sum(m.tokens for m in mbs)
         batches = [collate(store, m, tok["bos_id"], tok["pad_id"]) for m in mbs]
+        if clock is not None:
+            clock.reset()
         t0 = time.perf_counter()
         scale = torch.tensor([ga / tokens])
         for x, y in batches:
@@ -112,8 +131,11 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int) -> list[float]
         opt.step()
         sched_lr.step()
         opt.zero_grad(set_to_none=True)
-        tps.append(tokens / (time.perf_counter() - t0))
-    return tps[1:]
+        dt = time.perf_counter() - t0
+        tps.append(tokens / dt)
+        if clock is not None:
+            outside.append(tokens / (dt - clock.seconds))
+    return tps[1:], outside[1:]
 
 
 def main() -> None:
@@ -129,15 +151,17 @@ def main() -> None:
     ap.add_argument(
         "--core", default="auto", help="comma list of mLSTM cores to compare: auto, fused, python"
     )
-    ap.add_argument("--runs", default="ds_p1,plain,ds_p2", help="comma list of: ds_p1, plain, ds_p2")
+    ap.add_argument("--runs", default="ds_p1,plain,ds_p2", help="comma list of: ds_p1, plain, ds_p2, bound")
     args = ap.parse_args()
     cores, runs = args.core.split(","), args.runs.split(",")
     for c in cores:
         if c not in ("auto", "fused", "python"):
             ap.error(f"--core: {c!r} is not one of auto, fused, python")
     for r in runs:
-        if r not in ("ds_p1", "plain", "ds_p2"):
-            ap.error(f"--runs: {r!r} is not one of ds_p1, plain, ds_p2")
+        if r not in ("ds_p1", "plain", "ds_p2", "bound"):
+            ap.error(f"--runs: {r!r} is not one of ds_p1, plain, ds_p2, bound")
+    if "bound" in runs and not {"fused", "python"} <= set(cores):
+        ap.error("--runs bound compares the cores: give --core fused,python")
     model_of = {c: {**args.model, "core": c} for c in cores}
 
     import torch
@@ -162,6 +186,7 @@ def main() -> None:
             return ds_run(nprocs, stages, *files, args.steps, args.threads)
 
         samples: dict[str, list[float]] = {f"ds_p1_{c}": [] for c in cores} | {"plain": [], "ds_p2": []}
+        samples |= {"bound_fused": [], "bound_outside": [], "bound_python": []}
         unavailable: dict[str, str] = {}  # a core this machine cannot run (e.g. fused without a compiler)
         for rnd in range(args.rounds):
             if "ds_p1" in runs:
@@ -181,6 +206,13 @@ def main() -> None:
                     )
                 if "ds_p2" in runs:
                     samples["ds_p2"] += run(2, 2, rnd, cores[0])
+                if "bound" in runs and "fused" not in unavailable:
+                    f, o = bound_run(tmp / "data", args.model, ds_cfg, args.steps, args.threads)
+                    samples["bound_fused"] += f
+                    samples["bound_outside"] += o
+                    samples["bound_python"] += plain_run(
+                        tmp / "data", model_of["python"], ds_cfg, args.steps, args.threads
+                    )
             except RuntimeError as e:
                 sys.exit(f"--core {cores[0]}: {e}")
         med = {k: statistics.median(v) if v else None for k, v in samples.items()}
@@ -220,11 +252,17 @@ def main() -> None:
         result[f"tokens_per_s_ds_p1_{c}"] = (
             f"unavailable: {unavailable[c]}" if c in unavailable else r(med[f"ds_p1_{c}"], 1)
         )
-    if "fused" in cores and "python" in cores and not set(unavailable) & {"fused", "python"}:
+    if samples["ds_p1_fused"] and samples["ds_p1_python"] and not set(unavailable) & {"fused", "python"}:
         result["fused_vs_python"] = r(div(med["ds_p1_fused"], med["ds_p1_python"]))
         # every step's ratio range, for the spread on a shared machine
         f, p = samples["ds_p1_fused"], samples["ds_p1_python"]
         result["fused_vs_python_min_max"] = [r(min(f) / max(p)), r(max(f) / min(p))]
+    if samples["bound_fused"]:
+        # The plain loop, in this process: fused / python there, and at most what it could be with the
+        # time loops taking no time (everything else in the step is shared by the two cores).
+        result["plain_fused_vs_python"] = r(div(med["bound_fused"], med["bound_python"]))
+        result["fused_vs_python_bound"] = r(div(med["bound_outside"], med["bound_python"]))
+        result["plain_loop_share_fused"] = r(1 - div(med["bound_fused"], med["bound_outside"]))
     speedup = div(ds_p2, ds_p1)
     result |= {
         "tokens_per_s_ds_p1": r(ds_p1, 1),
