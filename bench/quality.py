@@ -192,7 +192,7 @@ def score(run_dir: Path, held: Path, port: int, dynamic: bool) -> dict:
         sys.executable,
         "app/evaluate.py",
         "--checkpoint",
-        str(run_dir),
+        str(run_dir / "best"),  # as the quickstart evaluates: the lowest validation loss
         "--text",
         str(held),
         "--out",
@@ -218,6 +218,7 @@ def train_figures(run_dir: Path) -> dict:
         "train_bpb_last": steps[-1]["train/bpb"] if steps else None,
         "val_bpb": final.get("val/bpb"),
         "val_loss": final.get("val/loss"),
+        "best_checkpoint": (final.get("best_checkpoint") or {}).get("tag"),  # what score() evaluates
     }
 
 

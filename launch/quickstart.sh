@@ -33,7 +33,8 @@ run deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/t
   --data "$DATA" --pipeline-stages 2 --out "$OUT" --model-config "${MODEL:-small}" \
   "${length[@]}" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
   --test-eval false --wandb-mode "${WANDB_MODE:-offline}"  # the test split is evaluated next, with compressors
-run mlstm-eval --checkpoint "$OUT" --data "$DATA" --split test --text README.md
-run mlstm-export --checkpoint "$OUT" --out "$OUT/export"
+# "$OUT/best": the checkpoint with the lowest validation loss (the last one unless the run overfits)
+run mlstm-eval --checkpoint "$OUT/best" --data "$DATA" --split test --text README.md
+run mlstm-export --checkpoint "$OUT/best" --out "$OUT/export"
 run mlstm-generate --checkpoint "$OUT/export" --prompt "def " --max-new-tokens 200 \
   --temperature 0.8 --top-k 40 --seed 0

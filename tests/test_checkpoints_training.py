@@ -11,14 +11,17 @@ from app.checkpoints import training as ckpt
 from app.common.errors import UserError
 
 
-def fake_save(root, step, world=2, complete=True):
+def fake_save(root, step, world=2, complete=True, val_loss=None, max_batches=0):
     d = root / ckpt.tag_for(step)
     d.mkdir(parents=True)
     (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
     for r in range(world):
         ckpt.write_rank_state(d, r)
+    state = {"step": step}
+    if val_loss is not None:  # a validation ran at this step (what the trainer records)
+        state["validation"] = {"loss": val_loss, "max_batches": max_batches}
     if complete:
-        ckpt.commit(root, d.name, {"step": step}, world, None)
+        ckpt.commit(root, d.name, state, world, None)
     return d.name
 
 
@@ -62,6 +65,34 @@ def test_keep_last_never_deletes_latest(tmp_path):
     removed = ckpt.prune(tmp_path, keep_last=2)
     assert sorted(removed) == [tags[1]]
     assert {p.name for p in tmp_path.iterdir() if p.is_dir()} == {tags[0], tags[2], tags[3]}
+
+
+def test_best_is_the_lowest_validation_loss_and_pruning_keeps_it(tmp_path):
+    root = tmp_path / "checkpoints"
+    losses = {1: 3.0, 2: None, 3: 2.5, 4: 2.9, 5: 3.1}
+    tags = {s: fake_save(root, s, val_loss=v) for s, v in losses.items()}
+    assert ckpt.best_tag(root) == tags[3]
+    assert ckpt.prune(root, keep_last=1) == [tags[1], tags[2], tags[4]]
+    for alias in (tmp_path / "best", root / "best"):  # <run>/best and <run>/checkpoints/best
+        assert ckpt.resolve_checkpoint_dir(alias) == root / tags[3]
+    assert ckpt.resolve_checkpoint_dir(tmp_path) == root / tags[5]  # the run itself: still the latest
+
+
+def test_best_compares_one_series_and_only_tags_up_to_latest(tmp_path):
+    tags = [
+        fake_save(tmp_path, s, val_loss=v, max_batches=n)
+        for s, v, n in [(1, 2.0, 0), (2, 1.0, 20), (3, 2.5, 0)]
+    ]
+    # step 2 measured 20 batches, the newest record the whole split: different figures, not compared
+    assert ckpt.best_tag(tmp_path) == tags[0]
+    (tmp_path / "latest").write_text(tags[1])  # a run resumed at step 2: step 3 is left from before it
+    assert ckpt.best_tag(tmp_path) == tags[1]
+
+
+def test_best_without_any_validation_is_one_clear_line(tmp_path):
+    fake_save(tmp_path / "checkpoints", 4)
+    with pytest.raises(UserError, match=r"best: no complete checkpoint under .* recorded a validation loss"):
+        ckpt.resolve_checkpoint_dir(tmp_path / "best")
 
 
 def test_explicit_resume_must_exist_and_be_complete(tmp_path):

@@ -122,7 +122,9 @@ def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_
 
     run_dir, _ = reference_run
     step6 = run_dir / "checkpoints" / "step_00000006"
-    one = evaluate_cli(run_dir, tmp_path / "p1.json", "--data", str(prepared_dir))
+    # <run>/best: the lowest recorded validation loss, the final save's in this run
+    one = evaluate_cli(run_dir / "best", tmp_path / "p1.json", "--data", str(prepared_dir))
+    assert one["checkpoint"].endswith("step_00000008"), one["checkpoint"]
     final = json.loads((run_dir / "final_metrics.json").read_text())
     same_numbers(one, final, TEST_KEYS)
     # P = 1 x DP = 2 under the launcher, on the older checkpoint, validation split

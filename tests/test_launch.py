@@ -42,8 +42,8 @@ def test_quickstart_dry_run_lists_every_stage(tmp_path):
     for needle in (  # the console scripts an install provides
         "+ mlstm-prep ",
         "+ deepspeed --log_level error --num_gpus 2 app/train.py",
-        "+ mlstm-eval ",
-        "+ mlstm-export ",
+        "+ mlstm-eval --checkpoint runs/quickstart/best ",  # the lowest validation loss
+        "+ mlstm-export --checkpoint runs/quickstart/best ",
         "+ mlstm-generate ",
     ):
         assert needle in out

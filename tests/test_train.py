@@ -47,6 +47,13 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
     assert tags == ["step_00000006", "step_00000008"]
     assert (out / "checkpoints" / "latest").read_text() == "step_00000008"
+    # a save records the validation loss of its step over the periodic evaluations' batches (the final
+    # one's first batch here: --eval-max-batches 1); step 6 had no validation; the lowest is the best
+    saved = {t: json.loads((out / "checkpoints" / t / "app_state.json").read_text()) for t in tags}
+    assert "validation" not in saved["step_00000006"]
+    v8 = saved["step_00000008"]["validation"]
+    assert v8["max_batches"] == 1 and math.isfinite(v8["loss"]) and v8["loss"] > 0
+    assert final["best_checkpoint"] == {"tag": "step_00000008", "val_loss": v8["loss"]}
 
 
 OUR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[rank \d+\] (DEBUG|INFO|WARNING|ERROR) ")

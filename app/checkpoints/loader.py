@@ -90,7 +90,7 @@ def open_source(path: str | Path) -> Source:
             trained_layout=cfg.get("trained_layout"),
         )
     d = resolve_checkpoint_dir(p)
-    check_tree_inside(d, p, "--checkpoint")
+    check_tree_inside(d, p if p.exists() else p.parent, "--checkpoint")  # <run>/best names no folder
     state = read_app_state(d)
     tok = state.get("tokenizer")
     if not isinstance(tok, dict):

@@ -8,6 +8,8 @@ Layout of `<run>/checkpoints/`:
         tokenizer.model       copy of the data's SentencePiece model (absent for byte tokenizer)
         COMPLETE              manifest {file: {size, sha256}}, written last by rank 0 after a barrier
     latest                    tag of the newest COMPLETE checkpoint, replaced atomically
+    (best)                    not a file: `--checkpoint <run>/best` names the checkpoint with the lowest
+                              validation loss recorded in its app_state.json (best_tag); pruning keeps it
     damaged/                  checkpoints whose files no longer match their manifest, moved aside
 
 A crash during a save leaves a tag without COMPLETE; it is ignored on resume and pruned later. A tag
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -37,6 +40,7 @@ log = logging.getLogger("mlstm")
 CHECKPOINT_FORMAT = 1
 COMPLETE = "COMPLETE"
 LATEST = "latest"
+BEST = "best"
 DAMAGED = "damaged"
 _TAG = re.compile(r"^step_(\d{8})$")
 
@@ -142,6 +146,32 @@ def complete_tags(root: Path) -> list[str]:
     return [t for t in tags if is_complete(root / t)]
 
 
+def best_tag(root: Path) -> str | None:
+    """The complete checkpoint with the lowest recorded validation loss, or None when none has one.
+
+    A save records `validation` {loss, max_batches} when a validation ran at its step (see the trainer).
+    Only losses over the same number of batches as the newest record compare (a changed
+    --eval-max-batches starts a new series), and only tags up to the one `latest` names: tags past it are
+    left from a run that resumed at an earlier step, not from the weights that led to `latest`.
+    Ties go to the earlier step.
+    """
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    records = []
+    for tag in complete_tags(root):
+        if latest is not None and tag > latest:  # fixed-width step numbers: names sort as steps
+            continue
+        try:
+            v = json.loads((root / tag / "app_state.json").read_text()).get("validation")
+        except (OSError, ValueError):
+            continue  # unreadable: not a candidate (a resume or an evaluation reports it)
+        if isinstance(v, dict) and isinstance(v.get("loss"), (int, float)) and math.isfinite(v["loss"]):
+            records.append((tag, float(v["loss"]), v.get("max_batches")))
+    if not records:
+        return None
+    series = records[-1][2]
+    return min((r for r in records if r[2] == series), key=lambda r: r[1])[0]
+
+
 def find_resume_tag(root: Path, requested: str | None) -> str | None:
     """The tag to resume from: the requested one (must exist and be complete), else `latest`, else none."""
     if requested:
@@ -170,8 +200,19 @@ def find_resume_tag(root: Path, requested: str | None) -> str | None:
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
-    """A run directory, its checkpoints/ folder, or one tag's folder -> the complete checkpoint folder."""
+    """A run directory, its checkpoints/ folder, or one tag's folder -> the complete checkpoint folder;
+    `<run>/best` (or `<run>/checkpoints/best`) -> the one with the lowest validation loss (best_tag)."""
     p = Path(path)
+    if p.name == BEST and not p.exists() and p.parent.is_dir():
+        root = p.parent / "checkpoints" if (p.parent / "checkpoints").is_dir() else p.parent
+        tag = best_tag(root)
+        if tag is None:
+            raise UserError(
+                f"--checkpoint {p}: no complete checkpoint under {root} recorded a validation loss (a save "
+                f"records one when a validation ran at its step: every final save, and periodic saves when "
+                f"--save-every is a multiple of --eval-every)"
+            )
+        return root / tag
     if not p.exists():
         raise UserError(f"--checkpoint: no such file or directory: {p}")
     if (p / COMPLETE).exists() or _TAG.match(p.name):
@@ -239,12 +280,13 @@ def invalidate(root: Path, tag: str) -> None:
 def prune(root: Path, keep_last: int) -> list[str]:
     """Delete all but the newest `keep_last` complete checkpoints and any interrupted saves.
 
-    Never deletes the tag `latest` names. Runs on rank 0 after the commit barrier, so no rank is writing.
-    A folder with a manifest its files do not match is moved to damaged/ with a warning, not deleted.
+    Never deletes the tag `latest` names, nor the best one (best_tag). Runs on rank 0 after the commit
+    barrier, so no rank is writing. A folder with a manifest its files do not match is moved to damaged/
+    with a warning, not deleted.
     """
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     complete = complete_tags(root)
-    keep = set(complete[-keep_last:]) | ({latest} if latest else set())
+    keep = set(complete[-keep_last:]) | {t for t in (latest, best_tag(root)) if t}
     removed = []
     for p in sorted(root.iterdir()):
         if p.is_dir() and _TAG.match(p.name) and p.name not in keep:

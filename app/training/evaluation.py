@@ -39,17 +39,29 @@ class EvalResult:
 
 
 def evaluate(
-    engine: Engine, sched: BucketSchedule, store: TokenStore, bos_id: int, pad_id: int, max_steps: int = 0
-) -> EvalResult:
-    """Evaluate the split behind `sched` (built with shuffle=False); `max_steps` > 0 caps the work."""
+    engine: Engine,
+    sched: BucketSchedule,
+    store: TokenStore,
+    bos_id: int,
+    pad_id: int,
+    max_steps: int = 0,
+    head_steps: int = 0,
+) -> tuple[EvalResult, EvalResult]:
+    """Evaluate the split behind `sched` (built with shuffle=False); `max_steps` > 0 caps the work.
+    Returns the result and the result over its first `head_steps` batches (all of them when 0): the
+    figure a periodic evaluation capped at `head_steps` gives, so a full one compares with it."""
     steps = sched.epoch(0)
     if max_steps:
         steps = steps[:max_steps]
     nats, tokens, nbytes = 0.0, 0, 0
-    for step in steps:
+    head = None
+    for i, step in enumerate(steps):
+        if i == head_steps and head_steps:
+            head = EvalResult(nats, tokens, nbytes)
         mine = sched.for_rank(step, engine.dp_rank)
         batches = [collate(store, mb, bos_id, pad_id) for mb in mine] if engine.needs_data else None
         nats += engine.eval_step(batches, per_rank=len(mine))
         tokens += sum(mb.tokens for mb in step)
         nbytes += sum(mb.num_bytes for mb in step)
-    return EvalResult(nats, tokens, nbytes)
+    res = EvalResult(nats, tokens, nbytes)
+    return res, head or res

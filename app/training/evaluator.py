@@ -168,7 +168,7 @@ class Evaluator:
             seed=0,
             shuffle=False,
         )
-        return evaluate(self.engine, sched, store, self.tokenizer.bos_id, self.tokenizer.pad_id)
+        return evaluate(self.engine, sched, store, self.tokenizer.bos_id, self.tokenizer.pad_id)[0]
 
     def _with_dynamic(self, row: dict, sequences: list, num_bytes: int) -> dict:
         """Add the dynamic-evaluation fields (and the gain over `row`'s static bits/byte) to `row`."""

@@ -90,6 +90,7 @@ class Trainer:
         self.budget: TimeBudget | None = None
         self.stopped_by = "steps"
         self._reserve_warned = False
+        self._validation_at: tuple[int, dict | None] = (-1, None)  # (step, its validation loss record)
         lay = self.layout
         length = f"{self.total_steps} steps" if self.total_steps else "no step limit"
         if cfg.time_budget:
@@ -371,9 +372,13 @@ class Trainer:
         """Exact loss over `split` (at most `max_batches` global batches when > 0); logged under `prefix`."""
         t0 = time.perf_counter()
         store, schedule = self.data.store(split), self.data.schedule(split)
-        res = evaluate(self.engine, schedule, store, self.data.bos, self.data.pad, max_batches)
+        # a full validation also yields the loss over the periodic ones' batches: checkpoints compare on it
+        head_n = self.cfg.eval_max_batches if not max_batches else 0
+        res, head = evaluate(self.engine, schedule, store, self.data.bos, self.data.pad, max_batches, head_n)
         out = res.as_dict(prefix)
         step, seconds = self.state.step, time.perf_counter() - t0
+        if prefix == "val":  # what a save at this step records (best_tag picks the lowest)
+            self._validation_at = (step, {"loss": head.loss, "max_batches": self.cfg.eval_max_batches})
         if self.budget is not None:
             self.budget.note_eval(seconds, res.tokens, periodic)
         if self.rank == 0:
@@ -462,6 +467,9 @@ class Trainer:
                 "layout": self.layout.as_dict(),
                 **self._identity(),
             }
+            at, validation = self._validation_at
+            if at == st.step:
+                app_state["validation"] = validation
             ckpt.commit(self.root, tag, app_state, self.world, self.data.prepared.tokenizer_path)
             removed = ckpt.prune(self.root, self.cfg.keep_last)
             self.log.info(
@@ -510,6 +518,14 @@ class Trainer:
                 "stopped_by": self.stopped_by,
                 "time_budget_s": self.budget.budget_s if self.budget is not None else None,
             }
+            best = ckpt.best_tag(self.root)
+            if best is not None:
+                loss = ckpt.read_app_state(self.root / best)["validation"]["loss"]
+                summary["best_checkpoint"] = {"tag": best, "val_loss": loss}
+                self.log.info(
+                    f"lowest validation loss: {best} ({loss:.4f} nats/token); evaluate, export or sample it "
+                    f"with --checkpoint {self.run_dir / ckpt.BEST}"
+                )
             atomic_write(self.run_dir / "final_metrics.json", json.dumps(summary, indent=1))
             self.tracker.summary(summary)
             self.tracker.close()
