@@ -520,11 +520,13 @@ class Trainer:
             }
             best = ckpt.best_tag(self.root)
             if best is not None:
-                loss = ckpt.read_app_state(self.root / best)["validation"]["loss"]
-                summary["best_checkpoint"] = {"tag": best, "val_loss": loss}
+                v = ckpt.read_app_state(self.root / best)["validation"]
+                summary["best_checkpoint"] = {"tag": best, "val_loss": v["loss"]}
+                n = v.get("max_batches") or 0
+                over = f" over the first {n} batch{'es' if n > 1 else ''}, as periodic ones" if n else ""
                 self.log.info(
-                    f"lowest validation loss: {best} ({loss:.4f} nats/token); evaluate, export or sample it "
-                    f"with --checkpoint {self.run_dir / ckpt.BEST}"
+                    f"lowest validation loss: {best} ({v['loss']:.4f} nats/token{over}); evaluate, export or "
+                    f"sample it with --checkpoint {self.run_dir / ckpt.BEST}"
                 )
             atomic_write(self.run_dir / "final_metrics.json", json.dumps(summary, indent=1))
             self.tracker.summary(summary)
