@@ -185,26 +185,26 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
     # allocations, oneDNN primitive creation, and is rarely the best). No new round past the deadline.
     rounds = 0
     loop_s: dict[str, float] = {}  # the fused kinds: seconds inside the time loop in their best step
-    for rep in range(reps):
-        if rep >= 1 and time.perf_counter() > deadline:
-            break
-        rounds += 1
-        for kind in kinds:
-            if kind.startswith("naive") and rep >= 2:
-                continue  # the slow baseline: two rounds are enough signal
-            with timing_fused_loop() as clock:
+    with timing_fused_loop() as clock:
+        for rep in range(reps):
+            if rep >= 1 and time.perf_counter() > deadline:
+                break
+            rounds += 1
+            for kind in kinds:
+                if kind.startswith("naive") and rep >= 2:
+                    continue  # the slow baseline: two rounds are enough signal
                 if clock is not None:
                     clock.reset()
                 t = timeit(steps[kind][0], reps=1, warmup=0)
-            if t < best[kind]:
-                best[kind] = t
-                if kind.startswith("fused") and clock is not None:
-                    loop_s[kind] = clock.seconds
-        for path, (fn, _) in peaks.items():
-            try:
-                best[path] = min(best[path], timeit(fn, reps=2, warmup=1 if rep == 0 else 0))
-            except Exception as e:
-                failed[path] = why(e)
+                if t < best[kind]:
+                    best[kind] = t
+                    if kind.startswith("fused") and clock is not None:
+                        loop_s[kind] = clock.seconds
+            for path, (fn, _) in peaks.items():
+                try:
+                    best[path] = min(best[path], timeit(fn, reps=2, warmup=1 if rep == 0 else 0))
+                except Exception as e:
+                    failed[path] = why(e)
     peak = {path: flops / best[path] / 1e9 for path, (_, flops) in peaks.items() if path not in failed}
     peak["fp32"] = max(v for k, v in peak.items() if k.startswith("fp32"))
     peak["bf16"] = peak.get("bf16_mm", float("nan"))
