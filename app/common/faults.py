@@ -7,12 +7,14 @@ MLSTM_DS_FAULTS is a comma-separated list of:
                        so a test's SIGKILL lands mid-training however fast the steps are
     hang_rank=R        hang_after applies to rank R only (repeatable): the other ranks go on into the
                        next collective and wait there, as behind a stalled or dead peer
+    await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 
 def _parse() -> dict[str, set[int]]:
@@ -40,3 +42,14 @@ def hang_after(step: int) -> None:
     if step in _FAULTS.get("hang_after", set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks):
         while True:
             time.sleep(60)
+
+
+def await_signal_after(step: int, received: Callable[[], bool]) -> None:
+    """await_signal_after=N: after step N the rank (hang_rank filters, as for hang_after) waits until
+    `received()` (a preemption signal came), so a test's signal lands at a known step however fast steps are."""
+    ranks = _FAULTS.get("hang_rank")
+    if step in _FAULTS.get("await_signal_after", set()) and (
+        not ranks or int(os.environ.get("RANK", "0")) in ranks
+    ):
+        while not received():
+            time.sleep(0.05)

@@ -108,7 +108,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
     secrets = load_secrets()
     use_environment_scripts()  # DeepSpeed JIT-builds its CPU comm op below, with ninja from PATH
     if launched:
-        watch_launcher()
+        watch_launcher(grace_s=timeout_s or 600.0)
     backend = get_accelerator().communication_backend_name()
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     with library_prints():  # "DeepSpeed ... shm_comm_op built successfully", once per rank
@@ -176,13 +176,15 @@ def launcher_chain(pid: int | None = None, depth: int = 4) -> list[tuple[int, in
     return chain[:1]
 
 
-def watch_launcher(interval_s: float = 0.5) -> int:
-    """Stop this rank soon after the launcher that started it dies (SIGKILL, OOM killer, lost ssh session).
+def watch_launcher(interval_s: float = 0.5, grace_s: float = 600.0) -> int:
+    """Stop this rank after the launcher that started it dies (SIGTERM, SIGKILL, OOM killer, lost ssh session).
 
     DeepSpeed's launcher runs the ranks as children that survive it; a parent-death signal would only
     cover the direct parent (DeepSpeed's per-node launch.py, which itself outlives the runner). So a small
-    forked watcher process polls the ancestors up to the launcher and, when one is gone, unlinks this
-    rank's /dev/shm buffers and SIGKILLs the rank. A process, not a thread: a rank blocked in a collective
+    forked watcher process polls the ancestors up to the launcher and, when one is gone, sends the rank
+    SIGTERM (the trainer saves the step in flight and exits: app/training/preemption.py) and, if it still
+    runs `grace_s` later (the process-group timeout: stuck), unlinks its /dev/shm buffers and SIGKILLs it.
+    A process, not a thread: a rank blocked in a collective
     can hold the GIL for as long as it waits (measured: a watcher thread never ran). The watcher dies with
     the rank (PR_SET_PDEATHSIG). Returns the watcher's pid.
     """
@@ -206,15 +208,32 @@ def watch_launcher(interval_s: float = 0.5) -> int:
         while os.getppid() == rank_pid:
             time.sleep(interval_s)
             gone = next((p for p, start in chain if (_stat(p) or (0, -1))[1] != start), None)
-            if gone is not None:  # stop the rank first: the message may have nowhere to go (a closed pipe)
-                release_own_shm(every_rank=True)
-                os.kill(rank_pid, signal.SIGKILL)
-                with contextlib.suppress(OSError):
-                    os.write(2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; "
-                             "stopped this rank\n".encode())  # fmt: skip
+            if gone is not None:
+                _stop_rank(rank_pid, gone, interval_s, grace_s)
                 break
     finally:
         os._exit(0)
+
+
+def _stop_rank(rank_pid: int, gone: int, interval_s: float, grace_s: float) -> None:
+    """The watcher, once the launcher is gone: SIGTERM (save and stop), then SIGKILL after `grace_s`."""
+    import signal
+
+    def say(what: str) -> None:  # the message may have nowhere to go (a closed pipe): the signal comes first
+        with contextlib.suppress(OSError):
+            os.write(
+                2, f"[rank {os.environ.get('RANK', '?')}] launcher process {gone} is gone; {what}\n".encode()
+            )
+
+    os.kill(rank_pid, signal.SIGTERM)
+    say("asked this rank to save and stop (SIGTERM)")
+    deadline = time.monotonic() + grace_s
+    while os.getppid() == rank_pid and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    if os.getppid() == rank_pid:
+        release_own_shm(every_rank=True)
+        os.kill(rank_pid, signal.SIGKILL)
+        say(f"stopped this rank (still running {grace_s:g} s after SIGTERM)")
 
 
 def _is_lost_peer(e: BaseException) -> bool:

@@ -115,7 +115,8 @@ class TrainConfig:
     """Let DeepSpeed and other libraries log at INFO."""
     dist_timeout_s: float = 600.0
     """Seconds a collective waits for a peer before every rank stops with one line (a rank died or stalled).
-    Must exceed the longest pause of any rank, e.g. rank 0 writing a checkpoint."""
+    Must exceed the longest pause of any rank, e.g. rank 0 writing a checkpoint. Also how long a rank whose
+    launcher is gone may take to save before it is killed."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, flag: str, msg: str) -> None:

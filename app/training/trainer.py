@@ -41,6 +41,7 @@ from app.training.metrics import StepLogger, StepStats
 from app.training.peak_flops import measure_matmul_peak
 from app.training.plan import open_inputs, plan_run
 from app.training.plots import plot_run
+from app.training.preemption import EXIT_PREEMPTED, Preemption
 from app.training.samples import read_prompts, sample_texts
 from app.training.schedule import lr_multiplier
 from app.training.time_budget import TimeBudget
@@ -87,6 +88,8 @@ class Trainer:
         self.root = self.run_dir / "checkpoints"
         self.resolved = plan.resolved(self.threads)
         self.state = TrainState()
+        self.preemption = Preemption()
+        self.preemption.install()  # after init_distributed: the launcher watch keeps the default handlers
         self.budget: TimeBudget | None = None
         self.stopped_by = "steps"
         self._reserve_warned = False
@@ -324,6 +327,9 @@ class Trainer:
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
             faults.hang_after(st.step)
+            faults.await_signal_after(st.step, self.preemption.received)
+            if (signame := self.preemption.agreed(self.engine.device)) is not None:  # every rank, every step
+                return self._stop_preempted(signame)
         return self.finish()
 
     def train_step(self, global_mbs: list) -> None:
@@ -538,6 +544,23 @@ class Trainer:
             )
         dist.barrier()
         return 0
+
+    def _stop_preempted(self, signame: str) -> int:
+        """A rank got a preemption signal: save this step (every rank), one line, EXIT_PREEMPTED."""
+        st = self.state
+        if self.metrics is not None:
+            self.metrics.close()
+        self._info(f"{signame} received: saving step {st.step} before stopping")
+        if st.last_saved != st.step:
+            self.save()
+        if self.rank == 0:
+            self.tracker.close()
+            self.log.warning(
+                f"preempted ({signame}) after step {st.step}: checkpoint {ckpt.tag_for(st.step)} saved; rerun "
+                f"the same command to resume (exit {EXIT_PREEMPTED})"
+            )
+        dist.barrier()
+        return EXIT_PREEMPTED
 
     def _stop_non_finite(self) -> int:
         st = self.state
