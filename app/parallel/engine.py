@@ -38,6 +38,7 @@ class Engine:
         inference: bool = False,
         layer_costs: list[float] | None = None,
         timing_shape: tuple[int, int] | None = None,
+        init_weights: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
         """`lr_lambda(step)` multiplies the optimizer's lr (constant when None).
         `inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable).
@@ -45,6 +46,8 @@ class Engine:
         P > 1: `layer_costs` (recorded by an earlier run) fix the split; else `partition_method` decides,
         "time" timing each layer on a (batch, seq_len) `timing_shape` (default (micro_batch, 64)).
         `self.layer_costs` and `self.partition` (stage boundaries) record what was used.
+        `init_weights(module)` sets the built module's weights (a warm start) before DeepSpeed copies them
+        into its optimizer's master weights and partitions.
         """
         self.layout = layout
         self.is_pipe = layout.stages > 1
@@ -67,6 +70,8 @@ class Engine:
         else:
             module = build_sequential(model_cfg, base_seed=seed)
             self.partition = [0, model_cfg.num_layers + 2]
+        if init_weights is not None:
+            init_weights(module)
         if inference:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:

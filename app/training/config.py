@@ -56,6 +56,10 @@ class TrainConfig:
     """Keep the newest K complete checkpoints; older ones are deleted (never the one `latest` names)."""
     resume: str | None = None
     """Checkpoint tag under --out/checkpoints to resume from (e.g. step_00000100). Default: the latest complete one."""
+    init_from: str | None = None
+    """Start from these weights (a run directory, checkpoint or export folder, whatever layout wrote it) with
+    a fresh optimizer, lr schedule and step count: fine-tuning. Its tokenizer and layer shapes must match the
+    run's. Ignored when --out already holds a checkpoint (the run resumes)."""
     allow_data_change: bool = False
     """Resume even though --data differs from the data the checkpoint was trained on (its order changes too)."""
     seed: int = 1234

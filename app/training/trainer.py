@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from app.checkpoints import training as ckpt
 from app.checkpoints.run_lock import acquire_run_lock
 from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
+from app.checkpoints.warm_start import load_into, open_init_source
 from app.common import faults
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
@@ -71,6 +73,12 @@ class Trainer:
         self.log = setup_logging(cfg.verbose)
         # before any process group: bad data or a bad model config fails in a second
         self.data, self.model_cfg = open_inputs(cfg, model_overrides)
+        self.init_source = None  # --init-from, checked before any process group: one line if it does not fit
+        if cfg.init_from:
+            prepared = self.data.prepared
+            self.init_source = open_init_source(
+                cfg.init_from, self.model_cfg, self.data.tokenizer, prepared.tokenizer_path
+            )
         self.sample_prompts = read_prompts(cfg.sample_prompts) if cfg.samples else []
         self._sample_tokenizer = None
         init_distributed(cfg.dist_timeout_s)
@@ -116,7 +124,7 @@ class Trainer:
         tag, saved = self._choose_resume()
         # the same split as the checkpoint, so each stage's optimizer state fits its layers
         recorded_costs = saved["config"].get("layer_costs") if saved is not None else None
-        self.engine = self._build_engine(recorded_costs)
+        self.engine = self._build_engine(recorded_costs, warm=saved is None)
         self.resolved["layer_costs"] = self.engine.layer_costs
         self.resolved["partition"] = self.engine.partition
         if self.layout.stages > 1:
@@ -172,7 +180,7 @@ class Trainer:
             "data_fingerprint": resume_check.data_fingerprint(prepared.path / "meta.json"),
         }
 
-    def _build_engine(self, recorded_costs: list[float] | None) -> Engine:
+    def _build_engine(self, recorded_costs: list[float] | None, warm: bool) -> Engine:
         lengths = self.data.store("train").lengths
         timing_len = max(8, int(np.median(lengths)))
         timing_batch = self.cfg.tokens_per_micro_batch // timing_len or self.layout.micro_batch
@@ -194,7 +202,15 @@ class Trainer:
             lr_lambda=lr_lambda,
             layer_costs=recorded_costs,
             timing_shape=(max(1, timing_batch), timing_len),
+            init_weights=self._warm_start() if warm else None,
         )
+
+    def _warm_start(self) -> Callable[[torch.nn.Module], None] | None:
+        """--init-from on a fresh run: the weights every rank loads into its part before DeepSpeed starts."""
+        if self.init_source is None:
+            return None
+        self._info(f"weights from {self.init_source.describe()}; fresh optimizer, schedule and step count")
+        return load_into(self.init_source.state_dict())
 
     def _count_parameters(self) -> int:
         # Stages hold disjoint layers and replicas identical ones; ZeRO-3 keeps the true size in ds_numel.
@@ -219,6 +235,7 @@ class Trainer:
         self._info(
             f"resumed from {self.root / tag} at step {self.state.step} "
             f"({self.state.train_seconds:.0f} s of training before)"
+            + ("; --init-from ignored (it starts a run, this one resumes)" if self.cfg.init_from else "")
         )
 
     def _time_budget(self) -> TimeBudget:

@@ -1,0 +1,70 @@
+"""`--init-from PATH`: start a run from an earlier model's weights, with a fresh optimizer, schedule and step.
+
+PATH is anything `--checkpoint` takes (a run directory, its checkpoints/ or a tag folder, `<run>/best`, an
+export folder, also the one transformers loads): whatever layout wrote it, `app.checkpoints.loader` reads
+it into one full state dict, and `load_into` hands each rank the part its module holds (a pipeline stage,
+or the whole model) before DeepSpeed builds the optimizer from those weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from app.checkpoints.consolidate import StateDict, expected_shapes, to_module_state
+from app.checkpoints.loader import Source, open_source
+from app.checkpoints.resume import file_sha256
+from app.common.errors import UserError
+from app.model.config import ModelConfig
+
+
+def open_init_source(
+    path: str, model_cfg: ModelConfig, tokenizer: dict, tokenizer_path: Path | None
+) -> Source:
+    """Open PATH (JSON only) and check that its weights fit this run's model and tokenizer: one line if not."""
+    try:
+        src = open_source(path)
+    except UserError as e:
+        raise UserError(f"--init-from {path}: {e}") from None
+    theirs, ours = src.tokenizer_meta, tokenizer
+    if theirs.get("type") != ours.get("type") or theirs.get("vocab_size") != ours.get("vocab_size"):
+        how = (
+            "--tokenizer byte"
+            if theirs.get("type") == "byte"
+            else f"--tokenizer-model {src.path}/tokenizer.model"
+        )
+        raise UserError(
+            f"--init-from {path}: its tokenizer ({theirs.get('type')}, {theirs.get('vocab_size')} pieces) is not "
+            f"--data's ({ours.get('type')}, {ours.get('vocab_size')} pieces); prepare the data with its "
+            f"tokenizer (python -m data_prep {how} ...)"
+        )
+    if ours.get("type") == "sentencepiece" and file_sha256(src.tokenizer_path) != file_sha256(tokenizer_path):
+        raise UserError(
+            f"--init-from {path}: its SentencePiece model differs from --data's (same size, other pieces); "
+            f"prepare the data with python -m data_prep --tokenizer-model {src.tokenizer_path} ..."
+        )
+    want, have = expected_shapes(model_cfg), expected_shapes(src.model_cfg)
+    bad = [f"{k} {have.get(k)} != {s}" for k, s in want.items() if have.get(k) != s]
+    if bad or set(have) != set(want):
+        raise UserError(
+            f"--init-from {path}: its model ({_shape_fields(src.model_cfg)}) does not fit this run's "
+            f"({_shape_fields(model_cfg)}): {'; '.join(bad[:3]) or 'other layers'}; pass --model-config with "
+            "its sizes"
+        )
+    return src
+
+
+def _shape_fields(cfg: ModelConfig) -> str:
+    d = cfg.to_dict()
+    return ", ".join(f"{k} {d[k]}" for k in ("num_layers", "hidden_dim", "embed_dim", "vocab_size") if k in d)
+
+
+def load_into(full: StateDict) -> Callable[[torch.nn.Module], None]:
+    """What Engine calls on the module it built (one stage or the whole model), before DeepSpeed wraps it."""
+
+    def load(module: torch.nn.Module) -> None:
+        module.load_state_dict(to_module_state(full, module), strict=True)
+
+    return load
