@@ -182,8 +182,9 @@ def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(prepared_dir, tmp_path
             assert runs[2][s][key] == pytest.approx(m[key], rel=1e-5), (s, key)
 
 
-def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir, tmp_path):
-    """The reference run (P = 2) resumed at P = 1: refused before anything is touched, not a traceback."""
+def test_resume_in_another_precision_is_one_clear_line(reference_run, prepared_dir, tmp_path):
+    """The reference run (fp32) resumed in bf16: refused before anything is touched, not a traceback.
+    (Another P, DP or ZeRO stage resumes: tests/test_checkpoints_universal.py.)"""
     out = tmp_path / "copy"
     shutil.copytree(reference_run[0], out)
 
@@ -192,10 +193,11 @@ def test_resume_in_another_layout_is_one_clear_line(reference_run, prepared_dir,
 
     before = files()
     p = train_process(["--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data",
-                    str(prepared_dir), "--pipeline-stages", "1", "--out", str(out), "--model-config", "debug"])  # fmt: skip
+                    str(prepared_dir), "--pipeline-stages", "1", "--out", str(out), "--model-config", "debug",
+                    "--precision", "bf16"])  # fmt: skip
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert p.returncode == 2 and len(err) == 1, p.stderr[-2000:]
-    assert "'stages': 2" in err[0] and "'stages': 1" in err[0] and "resumes only in the layout" in err[0]
+    assert "'fp32'" in err[0] and "'bf16'" in err[0] and "resumes only in the precision" in err[0], err[0]
     assert "Traceback" not in p.stderr
     assert before == files(), "the run directory changed"
 

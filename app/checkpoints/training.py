@@ -314,15 +314,15 @@ def read_rank_state(ckpt_dir: Path, rank: int) -> dict:
     return json.loads((ckpt_dir / f"rng_rank{rank}.json").read_text())
 
 
-# What a resumed run must share with the checkpoint: DeepSpeed keeps optimizer state per stage and per
-# data-parallel rank (flattened over that stage's layers), in a layout that depends on ZeRO and precision.
-RESUME_LAYOUT_KEYS = ("stages", "data_parallel", "zero_stage", "precision")
+# What a resumed run must share with the checkpoint. Stages, data parallelism and ZeRO stage may change
+# (app/checkpoints/universal.py re-slices the optimizer state); the precision may not (untested).
+RESUME_LAYOUT_KEYS = ("precision",)
 
 
 def check_resumable(
     state: dict, tag: str, layout: dict, sampler: dict, run_dir: Path, allow_data_change: bool = False
 ) -> None:
-    """Refuse, in one line, a resume that would change the data order or the parallel layout."""
+    """Refuse, in one line, a resume that would change the data order or the precision."""
     if state["sampler"] != sampler and not allow_data_change:
         raise UserError(
             f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
@@ -333,6 +333,5 @@ def check_resumable(
     if was != now:
         raise UserError(
             f"--out {run_dir}: checkpoint {tag} was written with {was}, this run has {now}; training resumes "
-            f"only in the layout that wrote it (use the same --pipeline-stages, world size and DeepSpeed "
-            f"config, or a new --out; evaluate.py and export.py read any layout)"
+            f"only in the precision that wrote it (use the same --precision, or a new --out with --init-from)"
         )

@@ -11,6 +11,7 @@ import functools
 import itertools
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
+from app.checkpoints import universal
 from app.checkpoints.run_lock import acquire_run_lock
 from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
@@ -122,6 +124,12 @@ class Trainer:
         """Build the engine (in the stage split a checkpoint fixes), resume, start tracking."""
         cfg = self.cfg
         tag, saved = self._choose_resume()
+        # another layout: the checkpoint per parameter (rank 0 converts it), re-sliced for this one
+        self._universal = saved is not None and universal.layout_changed(
+            saved["layout"], self.layout.as_dict()
+        )
+        if self._universal:
+            resume_check.rank0_decides(lambda: str(universal.convert(self.root, tag)), self.rank)
         # the same split as the checkpoint, so each stage's optimizer state fits its layers
         recorded_costs = saved["config"].get("layer_costs") if saved is not None else None
         self.engine = self._build_engine(recorded_costs, warm=saved is None)
@@ -138,6 +146,10 @@ class Trainer:
         dist.barrier()
         if saved is not None:
             self._resume(tag, saved)
+        if self._universal:  # loaded on every rank: the per-parameter copy has done its work
+            dist.barrier()
+            if self.rank == 0:
+                shutil.rmtree(universal.universal_dir(self.root, tag).parent, ignore_errors=True)
         if cfg.time_budget:
             self.budget = self._time_budget()
         self.tracker = self.metrics = None
@@ -193,10 +205,13 @@ class Trainer:
                 decay=self.cfg.lr_decay,
                 min_ratio=self.cfg.min_lr_ratio,
             )
+        ds_config = engine_config(self.ds_json, self.layout)
+        if self._universal:
+            ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
         return Engine(
             self.model_cfg,
             self.layout,
-            engine_config(self.ds_json, self.layout),
+            ds_config,
             seed=self.cfg.seed,
             partition_method=self.cfg.partition_method,
             lr_lambda=lr_lambda,
@@ -220,9 +235,11 @@ class Trainer:
         return int(counted.item()) // self.layout.data_parallel
 
     def _resume(self, tag: str, saved: dict) -> None:
+        where = universal.universal_dir(self.root, tag).parent if self._universal else self.root
         with weights_only_loads():  # DeepSpeed asks torch.load for weights_only=False: refused here
-            self.engine.ds.load_checkpoint(str(self.root), tag=tag)
-        ckpt.set_rng_state(ckpt.read_rank_state(self.root / tag, self.rank))
+            self.engine.ds.load_checkpoint(str(where), tag=tag)
+        if (self.root / tag / f"rng_rank{self.rank}.json").exists():  # a rank the writing layout had
+            ckpt.set_rng_state(ckpt.read_rank_state(self.root / tag, self.rank))
         self.state = TrainState(
             step=saved["step"],
             skipped_total=saved["skipped_total"],
@@ -235,6 +252,11 @@ class Trainer:
         self._info(
             f"resumed from {self.root / tag} at step {self.state.step} "
             f"({self.state.train_seconds:.0f} s of training before)"
+            + (
+                f"; written as {universal.describe(saved['layout'])}, re-sliced for this one"
+                if self._universal
+                else ""
+            )
             + ("; --init-from ignored (it starts a run, this one resumes)" if self.cfg.init_from else "")
         )
 
