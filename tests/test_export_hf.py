@@ -136,17 +136,25 @@ def test_generate_greedy_equals_app_generate(transformers, spm_export, byte_expo
     assert [new_tokens([t for t in row if t != tok.pad_token_id]) for row in got.tolist()] == want
 
 
+def cache_name(transformers) -> str:
+    """The name transformers passes the cache by (to forward and generate) and reads it back from in
+    outputs: `cache` from 5.24, `past_key_values` before."""
+    fields = transformers.modeling_outputs.CausalLMOutputWithPast.__dataclass_fields__
+    return "cache" if "cache" in fields else "past_key_values"
+
+
 def test_cache_is_the_recurrent_state_one_step_per_token(transformers, byte_exports):
     model, tok = load(transformers, byte_exports["mlstm"])
+    name = cache_name(transformers)
     ids, seed = fresh_ids(259, (2, 20))
     with torch.no_grad():
         full = model(ids).logits  # (B, T, V), every position from a zero state
         out = model(ids[:, :7], use_cache=True)
-        cache = out.past_key_values
+        cache = getattr(out, name)
         assert cache.get_seq_length() == 7 and len(cache.states) == 2
         torch.testing.assert_close(out.logits, full[:, :7], rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
         for t in range(7, 20):  # one token per call, the state carried
-            step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            step = model(ids[:, t : t + 1], use_cache=True, **{name: cache})
             torch.testing.assert_close(
                 step.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5, msg=f"seed {seed}"
             )
@@ -159,6 +167,60 @@ def test_cache_is_the_recurrent_state_one_step_per_token(transformers, byte_expo
     model.generate(**enc, max_new_tokens=6, do_sample=False, eos_token_id=None)
     hook.remove()
     assert calls == [6, 1, 1, 1, 1, 1]  # the prompt once, then one token per recurrent step
+
+
+def greedy_by_hand(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """prompt (B, P) -> (B, P + n): n greedy tokens, each position read from a zero state (no cache)."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            seq = torch.cat([seq, nxt], dim=1)
+    return seq
+
+
+def test_generate_cached_equals_uncached_equals_greedy_by_hand(transformers, byte_exports):
+    model, _ = load(transformers, byte_exports["mlstm"])
+    name = cache_name(transformers)
+    (P, n), (prompt, seed) = (9, 12), fresh_ids(259, (2, 9))
+    want = greedy_by_hand(model, prompt, n)
+    seen = []  # after each forward inside generate: (tokens the cache holds, its (h, c) per layer)
+
+    def record(module, args, kwargs, out):
+        cache = getattr(out, name)
+        seen.append((cache.get_seq_length(), [(h.clone(), c.clone()) for h, c in cache.states]))
+
+    hook = model.register_forward_hook(record, with_kwargs=True)
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False, eos_token_id=None)
+    cached = model.generate(prompt, use_cache=True, **kw)
+    hook.remove()
+    uncached = model.generate(prompt, use_cache=False, **kw)
+    assert cached.tolist() == want.tolist(), f"seed {seed}"
+    assert uncached.tolist() == want.tolist(), f"seed {seed}"
+    # the state after generate's k-th step holds the prompt plus k tokens: what reading them afresh gives
+    assert [k for k, _ in seen] == list(range(P, P + n)), f"seed {seed}"
+    with torch.no_grad():
+        for k, states in seen:
+            fresh = getattr(model(want[:, :k], use_cache=True), name).states
+            torch.testing.assert_close(states, fresh, rtol=1e-5, atol=1e-5, msg=f"seed {seed}, {k} tokens")
+
+
+def test_generate_continues_from_a_cache_passed_in(transformers, byte_exports):
+    model, _ = load(transformers, byte_exports["mlstm"])
+    name = cache_name(transformers)
+    (P, n, m), (prompt, seed) = (7, 5, 8), fresh_ids(259, (2, 7))
+    want = greedy_by_hand(model, prompt, n + m)
+    kw = dict(do_sample=False, eos_token_id=None)
+    first = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, return_dict_in_generate=True, **kw
+    )
+    cache = first[name]
+    assert cache.get_seq_length() == P + n - 1  # the last token chosen is not read yet
+    # as with a KV cache: the whole sequence so far, and the cache of all but its unread tail
+    seq = first.sequences
+    more = model.generate(seq, attention_mask=torch.ones_like(seq), max_new_tokens=m, **{name: cache}, **kw)
+    assert more.tolist() == want.tolist(), f"seed {seed}"
+    assert cache.get_seq_length() == P + n + m - 1
 
 
 def test_tokenizers_give_our_ids(transformers, spm_export, byte_exports, prepared_dir):

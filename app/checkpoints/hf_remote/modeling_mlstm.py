@@ -18,6 +18,10 @@ Generation carries the recurrent state: the cache is (h, c) per layer (plus, wit
 normalised matrices of its first call), so the prompt is read once and each new token costs one
 recurrent step. Positions whose attention_mask is 0 leave the state as it was,
 so a left-padded batch gives every row what it gets alone.
+
+transformers >= 5.3, < 6: from 5.24 the cache goes in and out as `cache` (forward's argument, the output
+field); before, as `past_key_values`. forward takes either name, and the output uses the field this
+transformers has (5.24 still reads `output.past_key_values`, with a deprecation warning).
 """
 
 import math
@@ -31,6 +35,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_mlstm import MultiplicativeLSTMConfig
 
+# the output field generation reads the cache back from: `cache` from transformers 5.24, before it
+# `past_key_values`
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class MultiplicativeLSTMCache:
     """The recurrent state after the tokens read so far: per layer (h, c), each (B, H).
@@ -41,6 +49,14 @@ class MultiplicativeLSTMCache:
 
     is_compileable = False
     is_croppable = False  # a recurrent state cannot forget its last tokens
+
+    @property
+    def is_linear(self):
+        """transformers >= 5.24 reads this before a prefill: False for every layer, so that, as with a
+        KV cache (and as transformers < 5.24 does for any cache), generate() given this cache and the whole
+        sequence so far feeds forward only the tokens after the `get_seq_length()` the state holds.
+        (True would feed the whole sequence again into a state that has read most of it already.)"""
+        return [False] * len(self.states)
 
     def __init__(self, states, seen_tokens=0):
         self.states = list(states)
@@ -186,6 +202,7 @@ class MultiplicativeLSTMPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _no_split_modules: ClassVar[list] = ["MultiplicativeLSTMLayer"]
     supports_gradient_checkpointing = False
+    _is_stateful = True  # a recurrent state cannot roll back: no assisted generation
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -236,13 +253,13 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
             return F.linear(h, self.get_input_embeddings().weight)
         return self.get_output_embeddings()(h)
 
-    def _start_cache(self, past_key_values, batch, x):
+    def _start_cache(self, cache, batch, x):
         """Our cache, or a fresh zero state (also in place of an empty generic cache from transformers)."""
-        if isinstance(past_key_values, MultiplicativeLSTMCache):
-            return past_key_values
-        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+        if isinstance(cache, MultiplicativeLSTMCache):
+            return cache
+        if cache is not None and cache.get_seq_length() > 0:
             raise ValueError(
-                "past_key_values must be a MultiplicativeLSTMCache (the recurrent state) returned by this model"
+                "cache must be a MultiplicativeLSTMCache (the recurrent state) returned by this model"
             )
         return MultiplicativeLSTMCache([layer.init_state(batch, x.device, x.dtype) for layer in self.layers])
 
@@ -250,16 +267,19 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
         self,
         input_ids=None,
         attention_mask=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
         output_hidden_states=None,
         return_dict=None,
         logits_to_keep=0,
+        past_key_values=None,
         **kwargs,
     ):
-        """Reads the tokens from `past_key_values`' state (zero when None) and returns the state after them.
+        """Reads the tokens from `cache`'s state (zero when None) and returns the state after them.
+
+        past_key_values: the name transformers < 5.24 passes the cache by (either name; not both).
 
         attention_mask (B, past + T): 0 marks padding (left padding in batched generation).
         logits_to_keep: k > 0 computes the head on the last k positions only (generation keeps 1).
@@ -268,7 +288,9 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
             inputs_embeds = self.get_input_embeddings()(input_ids)
         x = inputs_embeds  # (B, T, E)
         B, T = x.shape[:2]
-        cache = self._start_cache(past_key_values, B, x)
+        if cache is not None and past_key_values is not None:
+            raise ValueError("pass the cache as `cache` or as `past_key_values`, not both")
+        cache = self._start_cache(cache if cache is not None else past_key_values, B, x)
         mask = None
         if attention_mask is not None:
             mask = attention_mask[:, -T:].to(device=x.device, dtype=torch.bool)  # (B, T) this call's tokens
@@ -302,7 +324,7 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
         out = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=cache if use_cache else None,
             hidden_states=tuple(hidden) if hidden is not None else None,
+            **{_CACHE_FIELD: cache if use_cache else None},
         )
         return out if return_dict is not False else out.to_tuple()
