@@ -44,9 +44,9 @@ import torch
 from loop_clock import timing_fused_loop  # bench/loop_clock.py (this script's folder is on sys.path)
 
 from app.model.config import debug_config, recurrent_flops_per_token
+from app.model.core import mlstm_sequence
 from app.model.layers import RecurrentLayer
 from app.model.matmul import _ONEDNN_LINEAR, bf16_is_native
-from app.model.mlstm_core import mlstm_sequence
 from app.model.reference import naive_mlstm
 
 SIZES = {"small": dict(B=16, T=128, H=256), "large": dict(B=64, T=128, H=1024)}

@@ -115,6 +115,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "multinode: real sshd/pdsh or Slurm launches (tests/cluster.py)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need a CUDA device: skipped, with the reason shown, where torch sees none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def ssh_cluster(tmp_path_factory):
     from cluster import ClusterUnavailable, start_sshd

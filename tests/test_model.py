@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from app.model.config import PRESETS, ModelConfig, debug_config, flops_per_token
+from app.model.core import mlstm_sequence
 from app.model.layers import RecurrentLayer
 from app.model.lm import LanguageModel
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
-from app.model.mlstm_core import mlstm_sequence
 from app.model.reference import naive_mlstm
 from app.parallel.pipeline import build_sequential, layer_costs, layer_specs
 

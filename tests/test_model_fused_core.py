@@ -16,8 +16,8 @@ import torch
 
 from app.model import fused_core, matmul
 from app.model.config import ModelConfig, debug_config
+from app.model.core import mlstm_sequence
 from app.model.fused_core import fused_ops
-from app.model.mlstm_core import mlstm_sequence
 from app.model.reference import naive_mlstm
 from app.parallel.pipeline import build_sequential
 
@@ -270,7 +270,7 @@ def test_build_failure_falls_back_with_one_warning(tmp_path):
     code = (
         "import logging, torch\n"
         "logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n"
-        "from app.model.mlstm_core import mlstm_sequence\n"
+        "from app.model.core import mlstm_sequence\n"
         "x, ws = torch.randn(2, 3, 4), [torch.randn(s) for s in [(25, 4), (20,), (5, 5), (20, 5)]]\n"
         "for _ in range(3):\n"
         "    y = mlstm_sequence(x, *ws)\n"

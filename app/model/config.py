@@ -61,9 +61,10 @@ class ModelConfig:
     """Standard deviation of the normal init of the embedding (and of an untied head)."""
 
     core: Core = "auto"
-    """mLSTM time loop: "fused" (compiled C++ loop for CPU, built on first use), "python" (portable core),
-    "auto" (fused on CPU where it builds, else python). Same function and checkpoints either way; not
-    saved with the model config."""
+    """mLSTM time loop (app/model/core.py): "fused" (the device's fused loop: a C++ op on CPU, built on
+    first use; Triton kernels with CUDA-graph replay on CUDA, needs triton), "python" (portable core),
+    "auto" (fused where it runs, else python; the choice is logged once). Same function and checkpoints
+    either way; not saved with the model config."""
 
     def __post_init__(self) -> None:
         if self.cell not in CELLS:

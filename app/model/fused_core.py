@@ -1,5 +1,7 @@
 """The mLSTM time loop compiled for CPU: forward and backward each one C++ op (csrc/mlstm_cpu.cpp).
 
+One backend of the op contract in app/model/core.py (which picks it on CPU for core "fused"/"auto").
+
 Same function, parameters and precision rules as `mlstm_core.MLSTMFunction` (the portable Python core,
 kept as fallback and reference); only the per-time-step loop moves out of Python. Before the loop, ONE
 product (T*B, D) x (D, 5H) for both input projections; after it, one product per weight gradient over
@@ -37,7 +39,7 @@ CPUs, so every kernel is compiled for AVX-512, AVX2+FMA and SSE2 (own vector wid
 each) and the best level the CPU has is picked at load (`set_isa` lowers it: the tests run all three);
 see the C++ file's header.
 
-GPU design (not built here; the CPU op has the same structure, so it maps 1:1):
+GPU design (built in app/model/triton_core.py, which follows it; the CPU op has the same structure):
 - Per step: two GEMMs, (B, H) x (H, H) and (B, H) x (H, 4H), the first with its epilogue fused
   (cuBLASLt / CUTLASS epilogue), and ONE fused elementwise kernel over B x H threads (each reads its
   unit's four pre-activations, writes gates, c, tanh c, h): 3 kernels per step each way, as on the CPU;
@@ -68,7 +70,6 @@ from app.model.matmul import grad_weight, linear
 
 log = logging.getLogger(__name__)
 
-CORES = ("auto", "fused", "python")
 _CSRC = Path(__file__).with_name("csrc")
 # the ops (mlstm_cpu.cpp, with torch's headers) and one file per ISA level (mlstm_isa_*.cpp, no torch
 # headers): ninja compiles them in parallel, ~2x faster than one file on 2 cores (the first launch on a
@@ -151,21 +152,9 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.device.type == "cpu" and w.dtype in (torch.float32, torch.float64, torch.bfloat16)
 
 
-def use_fused(core: str, x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `core` routes this call to the fused op. "fused" insists (errors say why it cannot)."""
-    if core == "python":
-        return False
-    if core == "auto":
-        return supports(x, w) and fused_ops() is not None
-    if core != "fused":
-        raise ValueError(f"core must be one of {CORES}, got {core!r}")
-    if not supports(x, w):
-        raise ValueError(
-            f"core='fused' runs on CPU in float32/float64/bfloat16, got {x.device.type} {w.dtype}"
-        )
-    if fused_ops() is None:
-        raise RuntimeError(f"core='fused' requested but the C++ extension did not build: {_state['error']}")
-    return True
+def build_error() -> str | None:
+    """Why the op did not build (None when it built or was not tried yet)."""
+    return _state.get("error")
 
 
 class FusedMLSTMFunction(torch.autograd.Function):

@@ -22,7 +22,8 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.model.config import ModelConfig
-from app.model.mlstm_core import mlstm_prefill, mlstm_sequence, mlstm_sequence_from, mlstm_step
+from app.model.core import mlstm_sequence
+from app.model.mlstm_core import mlstm_prefill, mlstm_sequence_from, mlstm_step
 from app.model.weight_norm import weight_normed
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)

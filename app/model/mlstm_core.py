@@ -1,5 +1,8 @@
 """Fast mLSTM recurrence (Krause et al. 2016) with backward through time written out.
 
+The python backend of the op contract in app/model/core.py, the oracle every fused backend is tested
+against, and the one home of prefill / single-step / from-state inference.
+
 Per layer, per time step (x input, h/c state, zero initial state):
 
     m_t = (W_mx x_t) * (W_mh h_{t-1})
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from app.model.fused_core import FusedMLSTMFunction, use_fused
 from app.model.matmul import grad_weight, linear
 
 
@@ -166,23 +168,6 @@ class MLSTMFunction(torch.autograd.Function):
             dx += linear(dPm2, w_in[:H].t().contiguous())
             dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
         return dx, d_w_in, d_bias, d_w_mh, d_w_m
-
-
-def mlstm_sequence(
-    x: torch.Tensor,
-    w_in: torch.Tensor,
-    bias: torch.Tensor,
-    w_mh: torch.Tensor,
-    w_m: torch.Tensor,
-    core: str = "auto",
-) -> torch.Tensor:
-    """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype.
-
-    core: "fused" (compiled CPU loop, app/model/fused_core.py), "python" (this module), "auto" (fused
-    where it builds and runs, else python).
-    """
-    fn = FusedMLSTMFunction if use_fused(core, x, w_mh) else MLSTMFunction
-    return fn.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
 
 
 class MLSTMFromState(MLSTMFunction):

@@ -1,0 +1,67 @@
+"""The one op contract of the mLSTM time loop and the dispatcher that picks its backend.
+
+Contract: an autograd Function (x, w_in, bias, w_mh, w_m) -> h, x (B, T, in) and the weights in the compute
+dtype, bias (4H,) in the state dtype (`mlstm_core.state_dtype`), h (B, T, H) from a zero state; fp32 (fp64
+with fp64 operands) gates, cell state and accumulation. Backends, a file each:
+
+    python  mlstm_core.MLSTMFunction          any device; the reference and test oracle
+    fused   fused_core.FusedMLSTMFunction     CPU, a C++ op built on first use (float32/float64/bfloat16)
+            triton_core.TritonMLSTMFunction   CUDA, Triton kernels + CUDA-graph replay (needs triton)
+
+`core` (model.core): "python" the reference; "fused" the device's fused backend, an error saying why when
+it cannot run; "auto" the fused backend where it runs, else the reference. The choice is logged once per
+(device type, dtype, backend). Same function, parameters and checkpoints whichever runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from app.model import fused_core, triton_core
+from app.model.config import CORES
+from app.model.mlstm_core import MLSTMFunction, state_dtype
+
+log = logging.getLogger(__name__)
+_logged: set = set()
+
+
+def _fused_backend(x: torch.Tensor, w: torch.Tensor) -> tuple[type[torch.autograd.Function] | None, str]:
+    """The device's fused backend, or (None, why it cannot run here)."""
+    if x.device.type == "cuda" or triton_core.interpreting():
+        why = triton_core.available(x, w)
+        return (None, why) if why else (triton_core.TritonMLSTMFunction, "triton")
+    if not fused_core.supports(x, w):
+        return None, f"core='fused' runs on CPU in float32/float64/bfloat16, got {x.device.type} {w.dtype}"
+    if fused_core.fused_ops() is None:
+        return None, f"core='fused' requested but the C++ extension did not build: {fused_core.build_error()}"
+    return fused_core.FusedMLSTMFunction, "cpu-fused"
+
+
+def select(core: str, x: torch.Tensor, w: torch.Tensor) -> type[torch.autograd.Function]:
+    """The Function that runs `core` for these operands (w: a recurrent weight, in the compute dtype)."""
+    if core not in CORES:
+        raise ValueError(f"core must be one of {CORES}, got {core!r}")
+    fn, name = (MLSTMFunction, "python") if core == "python" else _fused_backend(x, w)
+    if fn is None:
+        if core == "fused":
+            raise (ValueError if "runs on" in name or "takes" in name else RuntimeError)(name)
+        fn, name = MLSTMFunction, f"python ({name})"
+    key = (x.device.type, w.dtype, name)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("mLSTM core on %s %s: %s", x.device.type, str(w.dtype).removeprefix("torch."), name)
+    return fn
+
+
+def mlstm_sequence(
+    x: torch.Tensor,
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    core: str = "auto",
+) -> torch.Tensor:
+    """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype."""
+    return select(core, x, w_mh).apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
