@@ -33,6 +33,7 @@ from app.checkpoints.model_card import model_card
 from app.checkpoints.run_info import read_run_info
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
+from app.common.numbers import check_numbers
 from app.model.lm import LanguageModel
 
 
@@ -47,6 +48,7 @@ class ExportConfig:
     and compare its logits and token ids with this repository's on random ids and a probe text."""
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if not self.checkpoint:
             raise ValueError("--checkpoint is required (a run directory or a checkpoint folder)")
         if not self.out:

@@ -115,12 +115,16 @@ def _setup_logging(quiet: bool) -> None:
         (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
 
 
+def parse(argv: list[str]) -> PrepConfig:
+    """The flags as a checked PrepConfig (ValueError naming the flag; argparse exits 2 on unknown flags)."""
+    args = build_parser().parse_args(argv)
+    return PrepConfig(**{k: v for k, v in vars(args).items() if v is not None})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
-    kwargs = {k: v for k, v in vars(args).items() if v is not None}
     try:
-        cfg = PrepConfig(**kwargs)
+        cfg = parse(argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

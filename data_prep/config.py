@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.common.numbers import check_numbers
+
 DOC_SPLITS = ("file", "paragraph", "line")
 FORMATS = ("auto", "text", "json", "csv", "parquet")
 TOKENIZERS = ("sentencepiece", "byte")
@@ -79,6 +81,8 @@ class PrepConfig:
     """No progress bars, no summary; warnings and errors only."""
 
     def __post_init__(self) -> None:
+        check_numbers(self)
+
         def bad(flag: str, value: object, why: str) -> ValueError:
             return ValueError(f"{flag} {value}: {why}")
 

@@ -30,6 +30,7 @@ TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Docstrings written under each field of a dataclass (`x: int = 1` then `\"\"\"doc\"\"\"`)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))

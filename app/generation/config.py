@@ -9,6 +9,7 @@ from typing import TextIO
 import torch
 
 from app.common.errors import UserError
+from app.common.numbers import check_numbers
 from app.generation.sampling import SamplingConfig
 
 
@@ -43,6 +44,7 @@ class GenerateConfig:
     gives the first turn."""
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if not self.checkpoint:
             raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
         if self.prompt is not None and self.prompts is not None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from app.common.numbers import check_numbers
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingConfig:
@@ -14,6 +16,7 @@ class SamplingConfig:
     top_p: float = 1.0  # 1: off
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:

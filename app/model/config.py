@@ -11,6 +11,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.common.numbers import check_numbers
+
 Cell = Literal["mlstm", "lstm"]
 Core = Literal["auto", "fused", "python"]
 CELLS = typing.get_args(Cell)
@@ -67,6 +69,7 @@ class ModelConfig:
     either way; not saved with the model config."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, signed=("forget_bias",), name_of=lambda name: f"model.{name}")
         if self.cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {self.cell!r}")
         if self.core not in CORES:

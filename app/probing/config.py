@@ -6,6 +6,8 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from app.common.numbers import check_numbers
+
 Feature = Literal["final_cell", "final_hidden", "mean_hidden"]
 FEATURES = typing.get_args(Feature)
 
@@ -47,6 +49,7 @@ class TransferConfig:
     """auto (cuda when available), cpu or cuda."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, signed=("layer",))  # -1: the last layer
         for name in ("checkpoint", "train", "test"):
             if not getattr(self, name):
                 raise ValueError(f"--{name} is required")

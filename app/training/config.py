@@ -8,6 +8,7 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from app.common.numbers import check_numbers
 from app.parallel.layout import PRECISIONS, Precision, is_partition_method
 
 LrDecay = Literal["cosine", "linear", "constant"]
@@ -127,6 +128,7 @@ class TrainConfig:
             if not cond:
                 raise ValueError(f"--{flag.replace('_', '-')}: {msg}")
 
+        check_numbers(self)  # nan, inf, negatives: the shared rule; the bounds of each field follow
         need(bool(self.data), "data", "is required (a directory written by `python -m data_prep`)")
         need(self.pipeline_stages >= 1, "pipeline_stages", f"must be >= 1, got {self.pipeline_stages}")
         need(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.common.numbers import check_numbers
 from data_prep.format import SPLITS
 
 Split = Literal["train", "validation", "test"]  # data_prep.format.SPLITS, spelled out for --help
@@ -46,6 +47,7 @@ class EvalConfig:
     """Let DeepSpeed log at INFO."""
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         if not self.checkpoint:
             raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
         if self.data is None and not self.text:

@@ -1,0 +1,30 @@
+"""The one check every numeric setting of every CLI gets: finite, and not below its floor.
+
+Each config dataclass calls `check_numbers(self, ...)` first in its `__post_init__`, so a flag, a config
+file key and a programmatic value are checked alike, and a new numeric field is checked without anyone
+remembering to: `nan` and `inf` are refused always (`x < 0` is false for NaN, which then reaches
+`torch.multinomial` or a schedule), and a negative value unless the field is declared `signed`. Finer
+bounds (>= 1, fractions in [0, 1], what 0 means) stay in the dataclass's own checks, which follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from app.common.cli import flag_of
+
+
+def check_numbers(obj: Any, *, signed: tuple[str, ...] = (), name_of: Callable[[str], str] = flag_of) -> None:
+    """Every int/float field of the dataclass `obj` (None skipped) finite, and >= 0 unless it is in `signed`.
+    Raises ValueError naming the flag (`name_of(field)`)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{name_of(f.name)}: expects a finite number, got {value}")
+        if value < 0 and f.name not in signed:
+            raise ValueError(f"{name_of(f.name)}: must not be negative, got {value}")
