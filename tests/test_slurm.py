@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import FAKE_WANDB_KEY, REF_STEPS
@@ -63,3 +64,50 @@ def test_srun_tasks_get_rank_and_world_from_slurm(slurm_cluster, prepared_dir, t
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     worlds = [ln for ln in p.stderr.splitlines() if "INFO world " in ln]
     assert len(worlds) == 1 and "world 2 = 2 stages x 1 data-parallel" in worlds[0], p.stderr[-3000:]
+
+
+def _job_field(cluster, job: str, field: str) -> str:
+    p = subprocess.run(["scontrol", "show", "job", job], env=dict(os.environ, **cluster.env),
+                       capture_output=True, text=True)  # fmt: skip
+    return next((t.split("=", 1)[1] for t in p.stdout.split() if t.startswith(f"{field}=")), "")
+
+
+def test_usr1_saves_the_step_and_the_job_requeues_and_resumes(
+    slurm_cluster, reference_run, prepared_dir, tmp_path
+):
+    """What `#SBATCH --signal=USR1@120` does ahead of the time limit, by hand: `scancel --signal=USR1` to the
+    job's tasks while they wait after step 5. They save step 5 and exit 75, the script requeues the job, and
+    the requeued job resumes from step 5 and ends with the uninterrupted run's losses."""
+    out = tmp_path / "requeued"
+    e = env(
+        **slurm_cluster.env, DS_CONFIG="ds_configs/cpu_pp2_zero1.json", STAGES="2", DATA=str(prepared_dir),
+        OUT=str(out), MAX_STEPS=REF_STEPS, MODEL="debug", SECRET_DIR=str(tmp_path / "secrets"),
+        MLSTM_DS_FAULTS="await_signal_after=5",
+    )  # fmt: skip
+    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1",
+              "--time=10", "launch/slurm_train.sbatch", *script_args(*REF_ARGS, "--wandb-mode", "disabled")]  # fmt: skip
+    p = subprocess.run(sbatch, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    job = p.stdout.strip().split(";")[0]
+    log_path = ROOT / f"mlstm-ds-{job}.out"
+    try:
+        deadline = time.time() + 300
+        while 5 not in train_losses(out) and time.time() < deadline:
+            time.sleep(0.5)
+        assert 5 in train_losses(out), log_path.read_text()[-4000:] if log_path.exists() else "(no job log)"
+        cancel = ["scancel", "--signal=USR1", job]
+        assert subprocess.run(cancel, env=e, capture_output=True).returncode == 0
+        while _job_field(slurm_cluster, job, "Restarts") != "1" and time.time() < deadline:
+            time.sleep(0.5)
+        assert _job_field(slurm_cluster, job, "Restarts") == "1", log_path.read_text()[-4000:]
+        # the requeued job waits out the revoked credential (cred_expire, 30 s here: tests/cluster.py), then runs
+        while _job_field(slurm_cluster, job, "JobState") == "REQUEUED" and time.time() < deadline:
+            time.sleep(0.5)
+        state = slurm_cluster.wait_job(job, 400)
+        log = log_path.read_text()
+    finally:
+        log_path.unlink(missing_ok=True)
+    assert state == "COMPLETED", f"{state}\n{log[-6000:]}"
+    assert "preempted (SIGUSR1) after step 5" in log and f"requeueing job {job}" in log, log[-6000:]
+    assert "step_00000005 at step 5" in log, log[-6000:]
+    assert_same_losses(train_losses(out), train_losses(reference_run[0]), 1e-6)
