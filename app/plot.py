@@ -18,6 +18,7 @@ import argparse
 import logging
 
 from app.common.errors import exit_on_user_error
+from app.common.version import __version__
 from app.training.plots import plot_runs
 
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="A run directory (or its metrics.jsonl file).")
     p.add_argument("--out", default="runs.png", help="PNG file to write (default: runs.png).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = p.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
     curves = plot_runs(args.runs, Path(args.out))

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from app.common.cli import field_docs
+from app.common.version import __version__
 from data_prep.config import DOC_SPLITS, FORMATS, MODEL_TYPES, TOKENIZERS, PrepConfig
 from data_prep.errors import UserError
 from data_prep.format import PreparedDataError
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prepare a text corpus for mLSTM training: read, clean, split, tokenize, chunk, bucket, save.",
         epilog="Without --input or --hub, prepares the embedded default corpus (CPython's docs and stdlib sources).",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     g = p.add_argument_group("input")
     g.add_argument("--input", dest="inputs", nargs="+", default=[], metavar="PATH", help=h("inputs"))
     g.add_argument("--hub", metavar="NAME", help=h("hub"))

@@ -3,13 +3,16 @@ export, transfer): --config FILE below the flags, --x/--no-x, choices in --help,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import pytest
 
-from app import evaluate, export, generate, transfer
+import app
+from app import evaluate, export, generate, plot, train, transfer
 from app.common.cli import parse_config
 from app.generation.config import GenerateConfig
+from data_prep.cli import main as prep_main
 
 
 def test_config_file_is_below_the_flags_and_above_the_defaults(tmp_path):
@@ -37,6 +40,16 @@ def test_evaluate_booleans_and_lists(flags, want):
     cfg = evaluate.parse_args(["--checkpoint", "c", "--data", "d", "--local_rank=0", *flags])
     assert cfg.dynamic is want
     assert cfg.text == (["a", "b"] if "--text" in flags else [])
+
+
+@pytest.mark.parametrize(
+    "main", [train.main, evaluate.main, generate.main, export.main, transfer.main, plot.main, prep_main]
+)
+def test_every_cli_has_version(main, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.split()[-1] == importlib.metadata.version("mlstm-ds") == app.__version__
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Every input format (compressed included) x --doc-split x --num-proc x tokenizer, on real text we did not write.
 
-The field-test kit's public-domain novels (``../shared/fieldtest``) and its format variants, cut to a
-slice so the matrix stays cheap; expected counts come from a plain reference reading of each file,
+The public-domain novels in tests/fixtures/corpora and their format variants (tests/corpus_variants.py),
+cut to a slice so the matrix stays cheap; expected counts come from a plain reference reading of each file,
 and compressed variants must give byte-identical shards to their plain twins.
 """
 
@@ -13,8 +13,6 @@ import hashlib
 import json
 import lzma
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from corpus_variants import write_variants
 
 from data_prep.cli import main as prep_main
 from data_prep.format import SPLITS, load_prepared
 
-FIELDTEST = Path(__file__).resolve().parents[2] / "shared" / "fieldtest"
-if not FIELDTEST.is_dir():  # a checkout beside ../shared, or the main tree
-    FIELDTEST = Path(__file__).resolve().parents[1].parent / "shared" / "fieldtest"
 TEXT_SLICE = 60_000  # characters of each novel
 ROWS = 120
 
@@ -49,12 +45,8 @@ def _compress(src: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory) -> dict[str, Path]:
-    if not (FIELDTEST / "make_variants.py").is_file():
-        pytest.skip(f"field-test kit not found at {FIELDTEST}")
     full = tmp_path_factory.mktemp("variants_full")
-    subprocess.run(
-        [sys.executable, str(FIELDTEST / "make_variants.py"), str(full)], check=True, capture_output=True
-    )
+    write_variants(full)
     d = tmp_path_factory.mktemp("variants")
     v: dict[str, Path] = {}
     # text: the English book as shipped (BOM, CRLF) and with blank-line paragraphs, and Japanese lines

@@ -15,16 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpus_variants import BOOK
 
 from data_prep.cli import main as prep_main
 from data_prep.format import FORMAT_VERSION, SPLITS, PreparedDataError, load_prepared
 from data_prep.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-BOOK = ROOT.parent / "shared" / "fieldtest" / "corpora" / "botchan.txt"
-if not BOOK.is_file():
-    BOOK = ROOT.parent.parent / "shared" / "fieldtest" / "corpora" / "botchan.txt"
-needs_book = pytest.mark.skipif(not BOOK.is_file(), reason=f"field-test novel not found at {BOOK}")
 
 
 def _shards(out: Path) -> dict[str, tuple[str, int]]:
@@ -65,7 +62,6 @@ def _start_and_kill(cmd: list[str], out: Path, groups: int) -> None:
     )
 
 
-@needs_book
 def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path, capsys):
     src = tmp_path / "corpus.txt"
     _big_corpus(src, 40)  # ~11 MB, ~170k documents
@@ -138,7 +134,6 @@ def test_kill_and_rerun_resumes_and_changed_input_is_refused(tmp_path, capsys):
     assert len(lines) == 1 and "the input changed while data_prep was reading it" in lines[0], lines
 
 
-@needs_book
 def test_one_book_gets_contiguous_train_validation_test(tmp_path):
     out = tmp_path / "out"
     assert prep_main(["--input", str(BOOK), "--out", str(out), "--tokenizer", "byte", "--quiet"]) == 0
@@ -192,7 +187,6 @@ def test_split_is_memory_mapped(prepared_byte_dir):
     assert sum(c.nbytes for c in col.chunks) > 4 * len(ds)
 
 
-@needs_book
 @pytest.mark.parametrize("doc_split", ["line", "paragraph"])
 def test_adaptive_buckets_on_short_sentences(tmp_path, doc_split):
     """One line (or short paragraph) per example: the buckets reach the target at the default batch."""
@@ -220,7 +214,6 @@ def test_adaptive_buckets_on_short_sentences(tmp_path, doc_split):
     assert len(meta["buckets"]) <= 64
 
 
-@needs_book
 def test_one_book_that_hashes_to_validation_still_trains_a_tokenizer(tmp_path):
     """With --seed 6 the whole book hashes into validation: no train document to sample by hash."""
     from data_prep.documents import content_id, split_coordinate

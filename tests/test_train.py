@@ -6,10 +6,12 @@ resumed run of test_lifecycle.py) must reproduce its per-step losses.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import re
 import shutil
+import subprocess
 
 import pytest
 from conftest import FAKE_WANDB_KEY as FAKE_KEY
@@ -24,6 +26,8 @@ from run_files import (
     wandb_config,
     wandb_records,
 )
+
+import app
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +58,20 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     v8 = saved["step_00000008"]["validation"]
     assert v8["max_batches"] == 1 and math.isfinite(v8["loss"]) and v8["loss"] > 0
     assert final["best_checkpoint"] == {"tag": "step_00000008", "val_loss": v8["loss"]}
+
+
+def test_runs_record_the_code_version(reference_run):
+    """config.json (also the W&B config), the checkpoints' app state and final_metrics.json name the
+    release and, in a git checkout, its commit."""
+    out, _ = reference_run
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    want = {"version": app.__version__, "git_commit": git.stdout.strip() if git.returncode == 0 else None}
+    assert want["version"] == importlib.metadata.version("mlstm-ds")
+    cfg = json.loads((out / "config.json").read_text())
+    final = json.loads((out / "final_metrics.json").read_text())
+    state = json.loads((out / "checkpoints" / "step_00000008" / "app_state.json").read_text())
+    for code in (cfg["code"], final["code"], state["config"]["code"]):
+        assert {k: code[k] for k in want} == want
 
 
 OUR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[rank \d+\] (DEBUG|INFO|WARNING|ERROR) ")

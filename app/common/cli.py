@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from app.common.config_file import ConfigFile, read_config_file
 from app.common.errors import UserError
+from app.common.version import __version__
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -152,6 +153,7 @@ class FlagParser(argparse.ArgumentParser):
             formatter_class=argparse.RawDescriptionHelpFormatter,
             allow_abbrev=False,
         )
+        self.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
     def error(self, message: str) -> typing.NoReturn:
         raise UserError(f"{message} (see --help)")

@@ -39,7 +39,7 @@ from app.training.config import TrainConfig
 SECTIONS = ("train", "model", "deepspeed")
 # What a run's config.json records besides its settings: results, read back as nothing.
 RECORDED = (
-    "layout", "data", "total_steps", "steps_per_epoch", "world_size", "threads_per_process",
+    "layout", "data", "code", "total_steps", "steps_per_epoch", "world_size", "threads_per_process",
     "layer_costs", "partition",
 )  # fmt: skip
 DS_SETTINGS = ("lr", "micro_batch", "grad_accum", "global_batch", "precision")

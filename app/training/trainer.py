@@ -31,6 +31,7 @@ from app.checkpoints.warm_start import load_into, open_init_source
 from app.common import faults
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
+from app.common.version import code_version
 from app.model.config import flops_per_token
 from app.parallel.engine import Engine
 from app.parallel.gather import gather_full_state
@@ -97,6 +98,7 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.root = self.run_dir / "checkpoints"
         self.resolved = plan.resolved(self.threads)
+        self.resolved["code"] = code_version()  # config.json, checkpoints, W&B: the code that ran
         self.state = TrainState()
         self.preemption = Preemption()
         self.preemption.install()  # after init_distributed: the launcher watch keeps the default handlers
@@ -562,6 +564,7 @@ class Trainer:
                 "train_seconds": round(self._elapsed(), 2),
                 "stopped_by": self.stopped_by,
                 "time_budget_s": self.budget.budget_s if self.budget is not None else None,
+                "code": self.resolved["code"],
             }
             best = ckpt.best_tag(self.root)
             if best is not None:
