@@ -24,6 +24,7 @@ called inside the custom autograd Functions.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -66,6 +67,16 @@ def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return _ONEDNN_LINEAR(x, w, None, "none", [], "")
 
 
+@functools.cache
+def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """fp32, plus bf16 where oneDNN has bf16 kernels for this CPU: on an AVX2-only CPU (no AVX512-BF16 /
+    AVX512-BW) `_linear_pointwise` raises "could not create a primitive descriptor" for bf16 operands, so
+    bf16 products there run on torch.mm alone."""
+    return (
+        (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+    )
+
+
 # Kinds of product: "linear" (a product made by torch ops: the input projection, the Python core's
 # per-step products) and "step" (a per-step product inside the fused core, which adds its packed GEMM:
 # app/model/fused_core.py registers it when the extension builds).
@@ -82,7 +93,7 @@ def paths(kind: str = "linear", dtype: torch.dtype = torch.float32) -> dict[str,
     """The CPU paths this build has for `kind` and compute dtype, by name."""
     out = {"mm": Path(_mm)}
     if _ONEDNN_LINEAR is not None:
-        out["onednn"] = Path(_onednn, dtypes=(torch.float32, torch.bfloat16))
+        out["onednn"] = Path(_onednn, dtypes=_onednn_dtypes())
     out.update(_extra[kind])
     return {name: p for name, p in out.items() if dtype in p.dtypes}
 
