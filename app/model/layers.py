@@ -168,7 +168,7 @@ class RecurrentLayer(nn.Module):
             h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # (B, T, H)
             return self._finish(x, h), (h_n[0], c_n[0])
         w_in, w_mh, w_m = weights or self.weights()
-        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m, state)  # (B, T, H)
+        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m, state, self.core)  # (B, T, H)
         return self._finish(x, h), state
 
     def step(

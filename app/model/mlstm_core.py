@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from app.model.fused_core import FusedMLSTMFunction, use_fused
+from app.model.fused_core import FusedMLSTMFunction, fused_prefill, use_fused
 from app.model.matmul import grad_weight, linear
 
 
@@ -224,16 +224,21 @@ def mlstm_prefill(
     w_mh,
     w_m,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    core: str = "python",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Inference: x (B, T, in) from `state` (zero when None) -> (h (B, T, H), (h, c) after row b's first
     lengths[b] steps).
 
     The same loop as training (`_recur` keeps every c_t), so the state at each row's own end can be
-    picked out of a right-padded batch. No autograd.
+    picked out of a right-padded batch. No autograd. From a zero state `core` may route it to the
+    compiled loop (which keeps every c_t too), as training's forward does.
     """
-    *_, cs, _, _, _, hs = _recur(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m, state)
-    rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)
+    bias = bias.to(state_dtype(x.dtype))
+    if state is None and use_fused(core, x, w_mh):
+        return fused_prefill(x, w_in, bias, w_mh, w_m, lengths)
+    *_, cs, _, _, _, hs = _recur(x, w_in, bias, w_mh, w_m, state)
+    rows = torch.arange(x.shape[0], device=x.device)
     return hs[1:].transpose(0, 1), (hs[lengths, rows], cs[lengths, rows])
 
 
