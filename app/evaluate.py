@@ -10,7 +10,10 @@ checkpoint and whatever layout evaluates it (world = P stages x world/P data-par
 --text FILE...: each file is one document the model never saw, tokenized with the checkpoint's own
 tokenizer, EOS appended, cut into --text-chunk-len pieces each read from a fresh state after BOS.
 bits/byte = (summed cross-entropy in nats, EOS included) / ln 2 / (the file's size in bytes), printed
-beside what gzip -9, bzip2 -9 and xz -9 achieve on the same bytes (8 * compressed size / size).
+beside what gzip -9, bzip2 -9 and xz -9 achieve on the same bytes (8 * compressed size / size). Beside
+it, "stream bits/byte" reads each file as ONE stream, the recurrent state carried from piece to piece
+(rank 0, one plain model; app/training/stream_eval.py), so every token is predicted from the whole file
+before it, as in generation (--no-stream leaves it out).
 
 --dynamic (one process): each split row / --text file is also read in order, --dyn-segment tokens at a
 time with the state carried, the weights adapting after each scored segment (Krause et al. 2018; see

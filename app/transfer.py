@@ -1,12 +1,14 @@
 """Sentiment-neuron style transfer: a trained LM's features of labelled texts -> L1 logistic regression.
 
     python app/transfer.py --checkpoint runs/big --train train.csv --test test.csv [--validation val.csv]
-        [--text-field text] [--label-field label] [--features final_cell|final_hidden|mean_hidden]
-        [--layer -1] [--out DIR]
+        [--text-field text] [--label-field label]
+        [--features auto|final_cell|final_hidden|mean_hidden|max_hidden] [--layer -1|0|0,1|all] [--out DIR]
 
 Texts are tokenized with the checkpoint's tokenizer and run through the recurrent prefill path in
 length-sorted batches; the feature is read after each text's last token (Radford et al. 2017 use the
-final cell state). C is chosen on --validation (or a seeded split of --train). Reports test accuracy,
+final cell state); --features auto (the default) reads every kind in the same pass and lets the validation
+split pick one. C is chosen on --validation (or a seeded split of --train). Beside it, a bag-of-n-grams
+logistic regression on the same splits (app/probing/ngram.py). Reports test accuracy,
 non-zero weights, the top neurons and the accuracy of the top neuron alone; writes transfer.json, a
 histogram of that neuron by class and its value per character over a few test texts (PNG).
 Needs the `transfer` extra: pip install 'mlstm-ds[transfer]'.

@@ -2,9 +2,10 @@
 
     python bench/transfer.py --checkpoint runs/quickstart --texts data/transfer_tasks/doctype_test.csv
 
-Both contenders see the same length-sorted, padded batches; "forward" is `LanguageModel.forward` (every
+All contenders see the same length-sorted, padded batches; "forward" is `LanguageModel.forward` (every
 layer and the head, what an evaluation pass costs), "featurize" stops after the probed layer and skips
-the head. Rounds are interleaved so machine noise hits both alike; the median round is reported. Prints
+the head (every feature kind from the one pass); "featurize_python_loop" is the same with the prefill
+on the Python time loop (what featurizing ran on before the fused core served zero-state prefills). Rounds are interleaved so machine noise hits both alike; the median round is reported. Prints
 a JSON line last.
 """
 
@@ -60,8 +61,20 @@ def main() -> None:
     ids = token_ids(tok, data.texts)
     work = batches(ids, args.batch_tokens, tok.pad_id)
     last = model.cfg.num_layers - 1
+
+    def python_prefill(i, n):  # the prefill on the Python loop, as before the fused core served it
+        cores = [layer.core for layer in model.recurrent]
+        for layer in model.recurrent:
+            layer.core = "python"
+        try:
+            return batch_features(model, i, n, args.features, last)
+        finally:
+            for layer, core in zip(model.recurrent, cores):
+                layer.core = core
+
     contenders = {
         "featurize": lambda i, n: batch_features(model, i, n, args.features, last),
+        "featurize_python_loop": python_prefill,
         "forward": lambda i, n: model(i),
     }
     secs: dict[str, list[float]] = {k: [] for k in contenders}
@@ -79,6 +92,9 @@ def main() -> None:
         med = statistics.median(s)
         out[name] = {"texts_per_s": len(ids) / med, "tokens_per_s": tokens / med, "seconds": s}
     out["featurize_over_forward"] = out["featurize"]["tokens_per_s"] / out["forward"]["tokens_per_s"]
+    out["fused_over_python_loop"] = (
+        out["featurize"]["tokens_per_s"] / out["featurize_python_loop"]["tokens_per_s"]
+    )
     print(json.dumps(out))
 
 

@@ -97,6 +97,21 @@ def same_numbers(a: dict, b: dict, keys: tuple[str, ...]) -> None:
 TEST_KEYS = ("test/loss", "test/bpb", "test/ppl")
 
 
+def whole_text_bits_per_byte(ckpt: Path, text: Path) -> float:
+    """[BOS, tokens, EOS] of the file through the checkpoint's plain LanguageModel in one forward pass."""
+    import torch
+    import torch.nn.functional as F
+
+    from app.checkpoints.loader import open_source
+
+    src = open_source(ckpt)
+    tok, model = src.tokenizer(), src.load_model()
+    ids = torch.tensor([tok.bos_id, *tok.encode(text.read_text()), tok.eos_id])
+    with torch.no_grad():
+        nats = F.cross_entropy(model(ids[None, :-1])[0].double(), ids[1:], reduction="sum")
+    return float(nats) / math.log(2) / len(text.read_bytes())
+
+
 @pytest.mark.slow
 def test_pp2_dp2_checkpoint_evaluated_as_one_process_and_as_two_stages(pp2_dp2_run, prepared_dir, tmp_path):
     text = ROOT / "README.md"
@@ -111,6 +126,10 @@ def test_pp2_dp2_checkpoint_evaluated_as_one_process_and_as_two_stages(pp2_dp2_r
     assert t1["bytes"] == len(text.read_bytes()) and t1["tokens"] == t2["tokens"]
     assert close(t1["loss"], t2["loss"]) and close(t1["bits/byte"], t2["bits/byte"])
     assert t1["gzip -9"] < 8 and t1["xz -9"] < 8  # the reference line is there
+    # the stream figure (rank 0, one plain model) is one forward pass over the whole file
+    assert set(one["text_scoring"]) == {"bits/byte", "stream bits/byte"}
+    assert close(t1["stream bits/byte"], t2["stream bits/byte"])
+    assert close(t1["stream bits/byte"], whole_text_bits_per_byte(pp2_dp2_run, text), rel=1e-4)
     final = json.loads((pp2_dp2_run / "final_metrics.json").read_text())
     same_numbers(one, final, TEST_KEYS)  # what the training engine computed at the end of the run
     assert one["test/tokens"] == final["test/tokens"]

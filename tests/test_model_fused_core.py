@@ -315,3 +315,19 @@ def test_kernel_table_round_trips_through_a_checkpoint_without_measuring(monkeyp
     assert {m: matmul.choose(m, 40, 24, torch.float32) for m in rows} == {
         m: before[m, "linear"] for m in rows
     }
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_prefill_from_zero_state_on_the_fused_loop_equals_the_python_one(dtype):
+    """Right-padded rows of unequal length: outputs and each row's (h, c) at its own end (features, prompts)."""
+    from app.model.core import mlstm_prefill
+
+    x, ws = inputs(3, 9, 7, 13, seed=int(torch.randint(1 << 30, ())))
+    x, ws = x.to(dtype), [w.to(dtype) for w in ws]
+    lengths = torch.tensor([9, 4, 1])
+    y_f, (h_f, c_f) = mlstm_prefill(x, lengths, *ws, core="fused")
+    y_p, (h_p, c_p) = mlstm_prefill(x, lengths, *ws, core="python")
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    for a, b in ((y_f, y_p), (h_f, h_p), (c_f, c_p)):
+        torch.testing.assert_close(a, b, **tol)
+    torch.testing.assert_close(h_p, y_p[torch.arange(3), lengths - 1], rtol=0, atol=0)

@@ -18,7 +18,7 @@ import torch
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.model.reference import naive_mlstm
-from app.probing.features import batch_features, featurize, length_batches, token_ids
+from app.probing.features import batch_feature_sets, batch_features, featurize, length_batches, token_ids
 from app.transfer import main as transfer_main
 from data_prep.tokenizer import ByteTokenizer
 
@@ -128,7 +128,7 @@ def test_features_match_a_float64_reference_and_ignore_padding():
     ids = token_ids(tok, texts_of("abcdefghij 01", 9, rng))
     lay = model.recurrent[0]
     w = lambda t: t.detach().double()  # noqa: E731
-    for kind in ("final_hidden", "mean_hidden", "final_cell"):
+    for kind in ("final_hidden", "mean_hidden", "max_hidden", "final_cell"):
         got = featurize(model, ids, kind, 0, batch_tokens=60, pad_id=tok.pad_id).features  # several batches
         for i, s in enumerate(ids):
             alone = batch_features(model, torch.as_tensor(s)[None], torch.tensor([len(s)]), kind, 0)[0]
@@ -140,8 +140,36 @@ def test_features_match_a_float64_reference_and_ignore_padding():
             h = naive_mlstm(
                 x, w(lay.weight_in[:H]), w(lay.weight_in[H:]), w(lay.bias), w(lay.weight_mh), w(lay.weight_m)
             )
-            ref = h[0, -1] if kind == "final_hidden" else h[0].mean(0)
+            ref = {"final_hidden": h[0, -1], "mean_hidden": h[0].mean(0), "max_hidden": h[0].amax(0)}[kind]
             np.testing.assert_allclose(got[i], ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_layers_side_by_side_are_each_layers_features():
+    """--layer all / a list: each kind is the listed layers' own features, concatenated in the order given."""
+    model = tiny()
+    tok = ByteTokenizer()
+    seqs = token_ids(tok, ["abc abc", "0123 4", "zz"])
+    ids = torch.full((3, max(map(len, seqs))), tok.pad_id)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s)
+    lengths = torch.tensor([len(s) for s in seqs])
+    both = batch_feature_sets(model, ids, lengths, [1, 0])
+    for kind, f in both.items():
+        H = model.cfg.hidden_dim
+        assert f.shape == (3, 2 * H)
+        torch.testing.assert_close(f[:, :H], batch_features(model, ids, lengths, kind, 1), rtol=0, atol=0)
+        torch.testing.assert_close(f[:, H:], batch_features(model, ids, lengths, kind, 0), rtol=0, atol=0)
+
+
+def test_auto_features_are_picked_on_validation_beside_the_ngram_baseline(task):
+    res = run_transfer(task, "--layer", "all")
+    picked = res["val_accuracy_by_features"]
+    assert set(picked) == {"final_cell", "final_hidden", "mean_hidden", "max_hidden"}
+    assert res["features_asked"] == "auto" and picked[res["features"]] == max(picked.values())
+    assert max(res["val_accuracy_by_C"].values()) == picked[res["features"]]
+    assert res["layer"] == [0, 1] and 2 * 64 >= res["top_neurons"][0]["neuron"] >= 0
+    base = res["ngram_baseline"]
+    assert base["test_accuracy"] > res["majority_class_test_accuracy"] + 0.3 and base["features"] > 0
 
 
 def test_length_batches_respect_the_budget_and_cover_every_row():
@@ -162,6 +190,8 @@ def test_length_batches_respect_the_budget_and_cover_every_row():
         ("empty_text", "row 2: 'text' is empty"),
         ("unknown_test_label", "label 'other' does not occur in --train"),
         ("--layer 5", "--layer 5"),
+        ("--layer 0,0", "named twice"),
+        ("--layer last", "--layer must be"),
         ("--features last", "--features"),
         ("bad_format", "unknown format '.txt'"),
         ("missing_file", "no such file"),

@@ -49,11 +49,12 @@ class Source:
             return read_weights(self.path, self.model_cfg)
         return checkpoint_state_dict(self.path, self.model_cfg, self.zero_stage)
 
-    def load_model(self, device: str | torch.device = "cpu") -> LanguageModel:
-        """The model in eval mode with these weights (built on the meta device: no throwaway init)."""
+    def load_model(self, device: str | torch.device = "cpu", state: StateDict | None = None) -> LanguageModel:
+        """The model in eval mode with these weights (built on the meta device: no throwaway init); `state`:
+        what `state_dict()` already gave (its tensors become the model's), else it is read now."""
         with torch.device("meta"):
             model = LanguageModel(self.model_cfg)
-        model.load_state_dict(self.state_dict(), strict=True, assign=True)
+        model.load_state_dict(self.state_dict() if state is None else state, strict=True, assign=True)
         return model.to(device).eval()
 
     def describe(self) -> str:

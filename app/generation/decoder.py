@@ -2,7 +2,9 @@
 
 - `prefill(ids, lengths)`: the whole (right-padded) prompt in one sequence pass per layer, returning the
   logits after each row's last real token and the recurrent state there;
-- `step(ids, state)`: one token per row: the prompt is never re-read.
+- `step(ids, state)`: one token per row: the prompt is never re-read;
+- `read(ids, state)`: every position's logits of full-width rows from `state`, and the state after them
+  (a long text scored as one stream, a chunk at a time: `app.training.stream_eval`).
 Weight normalisation is applied once when the Decoder is built, not once per token. The cell math is
 the model's own (`RecurrentLayer.prefill/step` -> `app.model.mlstm_core`).
 """
@@ -33,6 +35,19 @@ class Decoder:
     def device(self) -> torch.device:
         return self.model.embedding.weight.device
 
+    def _layers(
+        self, ids: torch.Tensor, lengths: torch.Tensor, state: State | None
+    ) -> tuple[torch.Tensor, State]:
+        """Embedding and every recurrent layer over right-padded ids (B, T) -> (x (B, T, H), state after
+        each row's lengths[b] tokens)."""
+        x = self.model.embedding(ids.to(self.device))  # (B, T, E)
+        start = state or [None] * len(self._w)
+        new: State = []
+        for layer, w, layer_state in zip(self.model.recurrent, self._w, start):
+            x, layer_state = layer.prefill(x, lengths, w, layer_state)  # (B, T, H)
+            new.append(layer_state)
+        return x, new
+
     @torch.no_grad()
     def prefill(
         self, ids: torch.Tensor, lengths: torch.Tensor, state: State | None = None
@@ -41,13 +56,16 @@ class Decoder:
         -> (logits (B, V) after each row's last token, state there)."""
         lengths = lengths.to(self.device)
         rows = torch.arange(ids.shape[0], device=self.device)
-        x = self.model.embedding(ids.to(self.device))  # (B, T, E)
-        start = state or [None] * len(self._w)
-        new: State = []
-        for layer, w, layer_state in zip(self.model.recurrent, self._w, start):
-            x, layer_state = layer.prefill(x, lengths, w, layer_state)  # (B, T, H)
-            new.append(layer_state)
+        x, new = self._layers(ids, lengths, state)  # (B, T, H)
         return self.model.head(x[rows, lengths - 1]), new  # head only where it is needed: (B, V)
+
+    @torch.no_grad()
+    def read(self, ids: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
+        """ids (B, T), every position read, from `state` (zero when None) -> (logits (B, T, V), state after
+        the T tokens)."""
+        full = torch.full((ids.shape[0],), ids.shape[1], device=self.device)
+        x, new = self._layers(ids, full, state)  # (B, T, H)
+        return self.model.head(x), new  # (B, T, V)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:

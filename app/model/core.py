@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from app.model import fused_core, triton_core
+from app.model import fused_core, mlstm_core, triton_core
 from app.model.config import CORES
 from app.model.mlstm_core import MLSTMFunction, state_dtype
 
@@ -65,3 +65,22 @@ def mlstm_sequence(
 ) -> torch.Tensor:
     """x (B, T, in) -> h (B, T, H) from a zero state. Operands must already be in the compute dtype."""
     return select(core, x, w_mh).apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m)
+
+
+@torch.no_grad()
+def mlstm_prefill(
+    x: torch.Tensor,
+    lengths: torch.Tensor,
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    core: str = "auto",
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`mlstm_core.mlstm_prefill` (inference: h (B, T, H) and the state after row b's lengths[b] steps); from
+    a zero state on the CPU's compiled loop where `core` picks it (it keeps every c_t, as training's does)."""
+    if state is None and core != "python" and select(core, x, w_mh) is fused_core.FusedMLSTMFunction:
+        bias = bias.to(state_dtype(x.dtype))
+        return fused_core.fused_prefill(x, w_in, bias, w_mh, w_m, lengths.to(x.device))
+    return mlstm_core.mlstm_prefill(x, lengths, w_in, bias, w_mh, w_m, state)

@@ -157,28 +157,42 @@ def build_error() -> str | None:
     return _state.get("error")
 
 
+def _forward(x, w_in, bias, w_mh, w_m):
+    """The op's forward over x (B, T, in) from a zero state -> (xt (T*B, in), [y (B, T, H), hs, cs, tcs, gates,
+    ms, rs, pms]): what backward keeps, and the states a prefill picks from."""
+    B, T, D = x.shape
+    H = w_mh.shape[0]
+    sdt, cdt = bias.dtype, w_mh.dtype
+    # (T, B) token order: one step's rows contiguous in proj (a (B, T) buffer would put them a
+    # power-of-two stride apart, on the same L1 sets)
+    ops = fused_ops()  # buffers from its pool: no fresh pages to fault in every step
+    xt = ops.empty([T * B, D], x.dtype)  # (T*B, D)
+    xt.view(T, B, D).copy_(x.transpose(0, 1))
+    proj = linear(xt, w_in, out=ops.empty([T * B, 5 * H], x.dtype))  # (T*B, 5H) [W_mx x | W_x x]
+    if proj.dtype != sdt:
+        proj = ops.empty([T * B, 5 * H], sdt).copy_(proj)
+    proj = proj.view(T, B, 5 * H)
+    # each per-step product on the path measured fastest for its shape (app/model/matmul.py)
+    path_r, path_g = _path_code(B, H, H, cdt), _path_code(B, H, 4 * H, cdt)
+    outs = ops.forward(proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g)  # y (B, T, H) first
+    return xt, outs
+
+
+@torch.no_grad()
+def fused_prefill(x, w_in, bias, w_mh, w_m, lengths):
+    """Inference from a zero state: x (B, T, in) -> (h (B, T, H), (h, c) after row b's lengths[b] steps),
+    `mlstm_core.mlstm_prefill`'s contract on the compiled loop."""
+    _, (y, hs, cs, *_) = _forward(x, w_in, bias, w_mh, w_m)
+    rows = torch.arange(x.shape[0], device=x.device)
+    return y, (hs[lengths, rows].clone(), cs[lengths, rows].clone())
+
+
 class FusedMLSTMFunction(torch.autograd.Function):
     """(x, w_in, bias, w_mh, w_m) -> h, exactly `MLSTMFunction`'s contract; bias arrives in the state dtype."""
 
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m):
-        B, T, D = x.shape
-        H = w_mh.shape[0]
-        sdt, cdt = bias.dtype, w_mh.dtype
-        # (T, B) token order: one step's rows contiguous in proj (a (B, T) buffer would put them a
-        # power-of-two stride apart, on the same L1 sets)
-        ops = fused_ops()  # buffers from its pool: no fresh pages to fault in every step
-        xt = ops.empty([T * B, D], x.dtype)  # (T*B, D)
-        xt.view(T, B, D).copy_(x.transpose(0, 1))
-        proj = linear(xt, w_in, out=ops.empty([T * B, 5 * H], x.dtype))  # (T*B, 5H) [W_mx x | W_x x]
-        if proj.dtype != sdt:
-            proj = ops.empty([T * B, 5 * H], sdt).copy_(proj)
-        proj = proj.view(T, B, 5 * H)
-        # each per-step product on the path measured fastest for its shape (app/model/matmul.py)
-        path_r, path_g = _path_code(B, H, H, cdt), _path_code(B, H, 4 * H, cdt)
-        y, hs, cs, tcs, gates, ms, rs, pms = ops.forward(
-            proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g
-        )  # y (B, T, H), written in place by the loop
+        xt, (y, hs, cs, tcs, gates, ms, rs, pms) = _forward(x, w_in, bias, w_mh, w_m)
         ctx.save_for_backward(xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs)
         return y  # (B, T, H)
 

@@ -22,8 +22,8 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.model.config import ModelConfig
-from app.model.core import mlstm_sequence
-from app.model.mlstm_core import mlstm_prefill, mlstm_sequence_from, mlstm_step
+from app.model.core import mlstm_prefill, mlstm_sequence
+from app.model.mlstm_core import mlstm_sequence_from, mlstm_step
 from app.model.weight_norm import weight_normed
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -169,7 +169,7 @@ class RecurrentLayer(nn.Module):
             h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # (B, T, H)
             return self._finish(x, h), (h_n[0], c_n[0])
         w_in, w_mh, w_m = weights or self.weights()
-        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m, state)  # (B, T, H)
+        h, state = mlstm_prefill(x, lengths, w_in, self.bias, w_mh, w_m, state, self.core)  # (B, T, H)
         return self._finish(x, h), state
 
     def step(

@@ -214,11 +214,13 @@ def mlstm_prefill(
     lengths[b] steps).
 
     The same loop as training (`_recur` keeps every c_t), so the state at each row's own end can be
-    picked out of a right-padded batch. No autograd.
+    picked out of a right-padded batch. No autograd. (`core.mlstm_prefill` routes a prefill from a zero
+    state to the compiled loop where the model's core runs there.)
     """
-    *_, cs, _, _, _, hs = _recur(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m, state)
-    rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)
+    bias = bias.to(state_dtype(x.dtype))
+    *_, cs, _, _, _, hs = _recur(x, w_in, bias, w_mh, w_m, state)
+    rows = torch.arange(x.shape[0], device=x.device)
     return hs[1:].transpose(0, 1), (hs[lengths, rows], cs[lengths, rows])
 
 

@@ -8,8 +8,27 @@ from typing import Literal
 
 from app.common.numbers import check_numbers
 
-Feature = Literal["final_cell", "final_hidden", "mean_hidden"]
-FEATURES = typing.get_args(Feature)
+Feature = Literal["auto", "final_cell", "final_hidden", "mean_hidden", "max_hidden"]
+FEATURES = typing.get_args(Feature)[1:]  # the kinds; "auto" tries each
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """--layer: "-1" (the last), "0", "0,2" (side by side, in this order) or "all" -> 0-based indices."""
+    if spec.strip() == "all":
+        return list(range(num_layers))
+    try:
+        picked = [int(v) for v in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--layer must be an integer, a comma list of them or all, got {spec!r}") from None
+    for i in picked:
+        if not -num_layers <= i < num_layers:
+            raise ValueError(
+                f"--layer {spec}: the model has {num_layers} recurrent layers (0..{num_layers - 1}, or -1)"
+            )
+    out = [i % num_layers for i in picked]
+    if len(set(out)) != len(out):
+        raise ValueError(f"--layer {spec}: a layer is named twice")
+    return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,11 +46,13 @@ class TransferConfig:
     """Column holding the text."""
     label_field: str = "label"
     """Column holding the label (strings or ints, reported back by name)."""
-    features: Feature = "final_cell"
+    features: Feature = "auto"
     """final_cell (the cell state after each text's last token, as in the sentiment-neuron paper),
-    final_hidden (the hidden state there) or mean_hidden (the layer's output averaged over the text)."""
-    layer: int = -1
-    """Recurrent layer to read (0-based; -1 the last). Layers above it are not run."""
+    final_hidden (the hidden state there), mean_hidden / max_hidden (the layer's output averaged / maxed
+    over the text), or auto: each of them, the validation split picking the kind as it picks C."""
+    layer: str = "-1"
+    """Recurrent layer(s) to read: 0-based, -1 the last, a comma list (0,1) or all: the listed layers'
+    features side by side. Layers above the highest are not run."""
     out: str | None = None
     """Output folder for transfer.json, the PNGs and the feature cache (default: <run>/transfer/<tag>,
     <export>/transfer)."""
@@ -49,12 +70,14 @@ class TransferConfig:
     """auto (cuda when available), cpu or cuda."""
 
     def __post_init__(self) -> None:
-        check_numbers(self, signed=("layer",))  # -1: the last layer
+        check_numbers(self)
         for name in ("checkpoint", "train", "test"):
             if not getattr(self, name):
                 raise ValueError(f"--{name} is required")
-        if self.features not in FEATURES:
-            raise ValueError(f"--features must be one of {', '.join(FEATURES)}, got {self.features!r}")
+        if self.features not in ("auto", *FEATURES):
+            raise ValueError(f"--features must be one of auto, {', '.join(FEATURES)}, got {self.features!r}")
+        if self.layer.strip() != "all":
+            parse_layers(self.layer, 1 << 30)  # the spelling; the range is checked against the model
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         for name in ("top_k", "batch_tokens"):

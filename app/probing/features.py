@@ -2,8 +2,9 @@
 
 Each text is read as [BOS, tokens...] (as in training). Texts are sorted by length and batched under a
 padded-token budget; in a right-padded batch every row's feature is taken after ITS last real token
-(the recurrence is causal, so the pads that follow never reach it), and mean_hidden averages real
-positions only. Layers above --layer are never run. Features are cached as float32 .npy files keyed by
+(the recurrence is causal, so the pads that follow never reach it); mean_hidden and max_hidden pool the
+layer's output over real positions only. One pass gives every kind; with several layers (--layer all,
+or a list) each kind is their features side by side. Layers above the highest asked for are never run. Features are cached as float32 .npy files keyed by
 the checkpoint's files and the text file's bytes, and read back with allow_pickle=False.
 """
 
@@ -19,7 +20,8 @@ import torch
 
 from app.model.lm import LanguageModel
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+FEATURES = ("final_cell", "final_hidden", "mean_hidden", "max_hidden")  # app.probing.config.FEATURES
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,14 @@ class Featurized:
     features: np.ndarray  # (N, H) float32
     tokens: int  # tokens read (BOS included)
     seconds: float  # 0 when read from the cache
+    cached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSets:
+    features: dict[str, np.ndarray]  # kind -> (N, H * layers) float32
+    tokens: int
+    seconds: float
     cached: bool
 
 
@@ -46,36 +56,57 @@ def length_batches(lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
 
 
 @torch.no_grad()
-def batch_features(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, kind: str, layer: int):
-    """ids (B, T) right-padded, lengths (B,) -> (B, H) features of recurrent layer `layer`."""
+def batch_feature_sets(
+    model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]
+) -> dict[str, torch.Tensor]:
+    """ids (B, T) right-padded, lengths (B,) -> {kind: (B, H * len(layers))}, every kind of FEATURES from
+    one pass, the listed recurrent layers' features side by side (in the order given)."""
+    real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]  # (B, T)
     x = model.embedding(ids)  # (B, T, E)
-    for layer_mod in model.recurrent[: layer + 1]:
+    per_layer: dict[int, dict[str, torch.Tensor]] = {}
+    for i, layer_mod in enumerate(model.recurrent[: max(layers) + 1]):
         x, (h, c) = layer_mod.prefill(x, lengths)  # (B, T, H), state after each row's last real token
-    if kind == "final_cell":
-        return c
-    if kind == "final_hidden":
-        return h
-    mask = (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]).to(x.dtype)  # (B, T)
-    return (x * mask[..., None]).sum(1) / lengths[:, None].to(x.dtype)  # (B, H)
+        if i in layers:
+            mask = real[..., None].to(x.dtype)  # (B, T, 1)
+            per_layer[i] = {
+                "final_cell": c,
+                "final_hidden": h,
+                "mean_hidden": (x * mask).sum(1) / lengths[:, None].to(x.dtype),  # (B, H)
+                "max_hidden": x.masked_fill(~real[..., None], float("-inf")).amax(1),  # (B, H)
+            }
+    return {k: torch.cat([per_layer[i][k] for i in layers], dim=1) for k in FEATURES}
 
 
-def featurize(
-    model: LanguageModel, ids: list[np.ndarray], kind: str, layer: int, batch_tokens: int, pad_id: int
-):
+def batch_features(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, kind: str, layer: int):
+    """ids (B, T) right-padded, lengths (B,) -> (B, H) features `kind` of recurrent layer `layer`."""
+    return batch_feature_sets(model, ids, lengths, [layer])[kind]
+
+
+def featurize_sets(
+    model: LanguageModel, ids: list[np.ndarray], layers: list[int], batch_tokens: int, pad_id: int
+) -> FeatureSets:
+    """Every kind of feature of every text, read once in length-sorted batches under `batch_tokens`."""
     dev = model.embedding.weight.device
     lengths = np.asarray([len(s) for s in ids], dtype=np.int64)
-    out = np.zeros((len(ids), model.cfg.hidden_dim), dtype=np.float32)
+    width = model.cfg.hidden_dim * len(layers)
+    out = {k: np.zeros((len(ids), width), dtype=np.float32) for k in FEATURES}
     t0 = time.perf_counter()
     for rows in length_batches(lengths, batch_tokens):
         T = int(lengths[rows].max())
         batch = np.full((len(rows), T), pad_id, dtype=np.int64)
         for r, i in enumerate(rows):
             batch[r, : lengths[i]] = ids[i]
-        f = batch_features(
-            model, torch.from_numpy(batch).to(dev), torch.from_numpy(lengths[rows]).to(dev), kind, layer
-        )
-        out[rows] = f.float().cpu().numpy()
-    return Featurized(out, int(lengths.sum()), time.perf_counter() - t0, False)
+        lens = torch.from_numpy(lengths[rows]).to(dev)
+        for k, f in batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers).items():
+            out[k][rows] = f.float().cpu().numpy()
+    return FeatureSets(out, int(lengths.sum()), time.perf_counter() - t0, False)
+
+
+def featurize(
+    model: LanguageModel, ids: list[np.ndarray], kind: str, layer: int, batch_tokens: int, pad_id: int
+) -> Featurized:
+    res = featurize_sets(model, ids, [layer], batch_tokens, pad_id)
+    return Featurized(res.features[kind], res.tokens, res.seconds, False)
 
 
 def checkpoint_digest(src_path: Path) -> str:
@@ -90,26 +121,35 @@ def checkpoint_digest(src_path: Path) -> str:
 
 
 def cache_path(
-    cache_dir: Path, ckpt_digest: str, file_sha: str, text_field: str, kind: str, layer: int
+    cache_dir: Path, ckpt_digest: str, file_sha: str, text_field: str, kind: str, layers: list[int]
 ) -> Path:
-    key = f"v{CACHE_VERSION}|{ckpt_digest}|{file_sha}|{text_field}|{kind}|{layer}"
+    key = f"v{CACHE_VERSION}|{ckpt_digest}|{file_sha}|{text_field}|{kind}|{','.join(map(str, layers))}"
     return cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
 
 
-def cached_or_featurize(path: Path, n_rows: int, hidden: int, compute) -> Featurized:
-    """Read `path` when it holds an (n_rows, hidden) float32 array; else `compute()` and save atomically."""
+def _load(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
     if path.is_file():
         try:
             arr = np.load(path, allow_pickle=False)
-            if arr.shape == (n_rows, hidden) and arr.dtype == np.float32:
-                return Featurized(arr, 0, 0.0, True)
+            if arr.shape == shape and arr.dtype == np.float32:
+                return arr
         except (OSError, ValueError):
             pass  # a torn or foreign file: recompute and overwrite it
+    return None
+
+
+def cached_or_featurize(paths: dict[str, Path], n_rows: int, width: int, compute) -> FeatureSets:
+    """Read every kind's (n_rows, width) float32 array from `paths`; when one is missing, `compute()` them
+    all (one pass gives every kind) and save each atomically."""
+    got = {k: _load(p, (n_rows, width)) for k, p in paths.items()}
+    if all(a is not None for a in got.values()):
+        return FeatureSets(got, 0, 0.0, True)
     res = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, res.features, allow_pickle=False)
-    tmp.replace(path)
+    for k, path in paths.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, res.features[k], allow_pickle=False)
+        tmp.replace(path)
     return res
 
 
@@ -117,7 +157,7 @@ def cached_or_featurize(path: Path, n_rows: int, hidden: int, compute) -> Featur
 def neuron_trace(model: LanguageModel, ids: np.ndarray, kind: str, layer: int, neuron: int) -> np.ndarray:
     """The neuron's value after each token of one text (T,), stepping the probed layer token by token
     (`RecurrentLayer.step`): the cell for final_cell, the hidden state for final_hidden, the layer output
-    (whose mean is the feature) for mean_hidden."""
+    (whose mean or max is the feature) for mean_hidden and max_hidden."""
     dev = model.embedding.weight.device
     x = model.embedding(torch.as_tensor(ids, device=dev)[None])  # (1, T, E)
     lengths = torch.tensor([len(ids)], device=dev)

@@ -11,7 +11,7 @@ import torch
 from app.checkpoints.loader import Source, open_source
 from app.common.errors import UserError
 from app.common.files import atomic_write
-from app.probing.config import TransferConfig
+from app.probing.config import FEATURES, TransferConfig, parse_layers
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
 
 EXTRA_HINT = "pip install 'mlstm-ds[transfer]'  (or: pip install scikit-learn matplotlib)"
@@ -70,26 +70,28 @@ class Transfer:
         if self.val is not None:
             self.y["validation"] = self.classes.encode(self.val, "validation")
         self.out = Path(cfg.out) if cfg.out else default_out(self.src)
-        n = self.src.model_cfg.num_layers
-        if not -n <= cfg.layer < n:
-            raise UserError(f"--layer {cfg.layer}: the model has {n} recurrent layers (0..{n - 1}, or -1)")
-        self.layer = cfg.layer % n
+        try:
+            self.layers = parse_layers(cfg.layer, self.src.model_cfg.num_layers)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.kinds = FEATURES if cfg.features == "auto" else (cfg.features,)
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is available")
 
     def _features(self, model, data: Labelled, ids: list, ckpt_digest: str):
-        from app.probing.features import cache_path, cached_or_featurize, featurize
+        from app.probing.features import cache_path, cached_or_featurize, featurize_sets
 
         c = self.cfg
-        path = cache_path(
-            self.out / "features", ckpt_digest, data.sha256, c.text_field, c.features, self.layer
-        )
+        paths = {
+            k: cache_path(self.out / "features", ckpt_digest, data.sha256, c.text_field, k, self.layers)
+            for k in self.kinds
+        }
         pad = self.tokenizer.pad_id
 
         def compute():
-            return featurize(model, ids, c.features, self.layer, c.batch_tokens, pad)
+            return featurize_sets(model, ids, self.layers, c.batch_tokens, pad)
 
-        return cached_or_featurize(path, len(ids), model.cfg.hidden_dim, compute)
+        return cached_or_featurize(paths, len(ids), model.cfg.hidden_dim * len(self.layers), compute)
 
     def featurize_all(self, model) -> dict:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
@@ -103,23 +105,53 @@ class Transfer:
             out[name] = (self._features(model, data, ids, digest), ids)
         return out
 
-    def _xy(self, feats: dict):
-        """(train, validation, test) as (X, y) pairs; validation from a seeded split of train when not given."""
-        Xtr, ytr = feats["train"][0].features, self.y["train"]
-        if "validation" in feats:
-            val = (feats["validation"][0].features, self.y["validation"])
-            return (Xtr, ytr), val, (feats["test"][0].features, self.y["test"]), None
-        tr_idx, val_idx = _split_train(self.train, ytr, self.cfg.val_fraction, self.cfg.seed)
-        test = (feats["test"][0].features, self.y["test"])
-        return (Xtr[tr_idx], ytr[tr_idx]), (Xtr[val_idx], ytr[val_idx]), test, (len(tr_idx), len(val_idx))
+    def _split(self):
+        """(train rows, validation rows) of --train, or (all of --train, None) when --validation is given."""
+        if self.val is not None:
+            return np.arange(len(self.train.texts)), None
+        return _split_train(self.train, self.y["train"], self.cfg.val_fraction, self.cfg.seed)
 
-    def _plots(self, model, feats: dict, neuron: int) -> list[str]:
+    def _xy(self, feats: dict, kind: str):
+        """(train, validation, test) (X, y) pairs of one feature kind."""
+        tr_idx, val_idx = self._split()
+        Xtr, ytr = feats["train"][0].features[kind], self.y["train"]
+        test = (feats["test"][0].features[kind], self.y["test"])
+        if val_idx is None:
+            return (Xtr, ytr), (feats["validation"][0].features[kind], self.y["validation"]), test
+        return (Xtr[tr_idx], ytr[tr_idx]), (Xtr[val_idx], ytr[val_idx]), test
+
+    def _baseline(self) -> dict:
+        from app.probing.ngram import ngram_baseline
+
+        tr_idx, val_idx = self._split()
+        texts, y = self.train.texts, self.y["train"]
+        train = ([texts[i] for i in tr_idx], y[tr_idx])
+        val = (
+            (self.val.texts, self.y["validation"])
+            if val_idx is None
+            else ([texts[i] for i in val_idx], y[val_idx])
+        )
+        return ngram_baseline(train, val, (self.test.texts, self.y["test"]), self.cfg.seed)
+
+    def _probe(self, feats: dict):
+        """The probe of each feature kind tried; the validation accuracy (best over C) picks one (ties: the
+        first in FEATURES order) -> (kind, its Probe, {kind: best validation accuracy})."""
+        from app.probing.probe import fit_probe
+
+        probes = {k: fit_probe(*self._xy(feats, k), self.cfg.top_k, self.cfg.seed)[0] for k in self.kinds}
+        best_val = {k: max(p.val_accuracy.values()) for k, p in probes.items()}
+        kind = max(self.kinds, key=lambda k: (best_val[k], -self.kinds.index(k)))
+        return kind, probes[kind], best_val
+
+    def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
         from app.probing.features import neuron_trace
         from app.probing.plots import char_values, heatmap, histogram
 
         self.out.mkdir(parents=True, exist_ok=True)
-        names, X, y = self.classes.names, feats["test"][0].features, self.y["test"]
+        names, X, y = self.classes.names, feats["test"][0].features[kind], self.y["test"]
         histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron)
+        H = model.cfg.hidden_dim
+        layer, unit = self.layers[neuron // H], neuron % H  # layers side by side: H units each
         files = ["top_neuron_hist.png"]
         # a few test texts, alternating classes so each colour story shows
         picks = [
@@ -134,22 +166,22 @@ class Transfer:
             drawn = []
             for i in picks:
                 seq = ids[i][:800]
-                trace = neuron_trace(model, seq, self.cfg.features, self.layer, neuron)
+                trace = neuron_trace(model, seq, kind, layer, unit)
                 drawn.append((*char_values(self.tokenizer, seq, trace), names[y[i]]))
             heatmap(self.out / "top_neuron_text.png", drawn, neuron)
             files.append("top_neuron_text.png")
         return files
 
     def run(self) -> dict:
-        from app.probing.probe import fit_probe
-
         c = self.cfg
         device = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
         model = self.src.load_model(device)
         feats = self.featurize_all(model)
-        train, val, test, split = self._xy(feats)
-        probe, _, _ = fit_probe(train, val, test, c.top_k, c.seed)
-        pngs = self._plots(model, feats, probe.single["neuron"])
+        kind, probe, best_val = self._probe(feats)
+        test = self._xy(feats, kind)[2]
+        tr_idx, val_idx = self._split()
+        split = None if val_idx is None else (len(tr_idx), len(val_idx))
+        pngs = self._plots(model, feats, kind, probe.single["neuron"])
         fresh = [f for f, _ in feats.values() if not f.cached]
         secs, toks, texts = (
             sum(f.seconds for f in fresh),
@@ -158,8 +190,10 @@ class Transfer:
         )
         result = {
             "checkpoint": self.src.describe(),
-            "features": c.features,
-            "layer": self.layer,
+            "features": kind,
+            "features_asked": c.features,
+            "val_accuracy_by_features": best_val,
+            "layer": self.layers[0] if len(self.layers) == 1 else self.layers,
             "hidden_dim": self.src.model_cfg.hidden_dim,
             "classes": self.classes.names,
             "rows": {k: len(v) for k, v in self.y.items()},
@@ -174,10 +208,12 @@ class Transfer:
             "nonzero_weights": probe.nonzero,
             "top_neurons": probe.top,
             "single_neuron": probe.single,
+            "ngram_baseline": self._baseline(),
             "converged": probe.converged,
             "featurize": {
                 "cached": {k: f.cached for k, (f, _) in feats.items()},
                 "texts": texts,
+                "kinds": list(self.kinds),
                 "tokens": toks,
                 "seconds": secs,
                 "texts_per_s": texts / secs if secs else None,
@@ -203,6 +239,8 @@ def summary(result: dict, out: Path) -> str:
             f"L1 logistic regression: C {result['C']:g}, test accuracy {result['test_accuracy']:.4f} "
             f"(majority class {result['majority_class_test_accuracy']:.4f}), {result['nonzero_weights']} "
             f"non-zero neurons{'' if result['converged'] else ' (solver did not fully converge)'}",
+            f"n-gram baseline ({result['ngram_baseline']['model']}): test accuracy "
+            f"{result['ngram_baseline']['test_accuracy']:.4f}",
             f"single neuron {s['neuron']}: test accuracy {s['test_accuracy']:.4f}",
             f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
             f"written: {out / 'transfer.json'}, {', '.join(str(out / p) for p in result['figures'])}",

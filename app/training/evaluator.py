@@ -12,12 +12,14 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import torch.distributed as dist
 
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
 from app.common.errors import UserError
+from app.generation.decoder import Decoder
 from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
@@ -27,6 +29,7 @@ from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic
 from app.training.eval_config import EvalConfig
 from app.training.evaluation import EvalResult, evaluate
 from app.training.run_data import open_prepared
+from app.training.stream_eval import STREAM_COLUMNS, stream_fields, stream_nats
 
 
 def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
@@ -83,7 +86,9 @@ def default_out(src) -> Path:
 
 
 def fmt_table(rows: list[dict]) -> str:
-    cols = ["", "tokens", "bytes", "loss", "ppl", "bits/byte", "gzip -9", "bzip2 -9", "xz -9"]
+    cols = ["", "tokens", "bytes", "loss", "ppl", "bits/byte"]
+    cols += [c for c in STREAM_COLUMNS if any(c in r for r in rows)]
+    cols += ["gzip -9", "bzip2 -9", "xz -9"]
     cols += [c for c in DYNAMIC_COLUMNS if any(c in r for r in rows)]
 
     def cell(r: dict, c: str) -> str:
@@ -100,6 +105,14 @@ def fmt_table(rows: list[dict]) -> str:
         "  ".join(s.ljust(w) if i == 0 else s.rjust(w) for i, (s, w) in enumerate(zip(line, widths)))
         for line in table
     )
+
+
+def text_scoring(chunk: int, stream: bool) -> dict:
+    """What each --text figure is, for the JSON beside them."""
+    out = {"bits/byte": f"{chunk}-token pieces (--text-chunk-len), each read from a fresh state after BOS"}
+    if stream:
+        out["stream bits/byte"] = "the whole file read as one stream, the state carried from piece to piece"
+    return out
 
 
 def _row(name: str, res) -> dict:
@@ -151,6 +164,9 @@ class Evaluator:
             inference=True,
         )
         self.engine.module.load_state_dict(to_module_state(self.full, self.engine.module), strict=True)
+        self.stream = None
+        if self.cfg.stream and self.texts and self.rank == 0:  # one process reads each text in order
+            self.stream = Decoder(self.src.load_model(state=self.full))
         del self.full
         self.dynamic = None
         if self.cfg.dynamic:  # a private copy that adapts; the engine's weights stay the trained ones
@@ -176,6 +192,13 @@ class Evaluator:
         dyn["dyn gain %"] = 100.0 * (1.0 - dyn["dynamic"] / row["bits/byte"])
         row.update(dyn)
         return dyn
+
+    def _stream(self, text: str, num_bytes: int) -> dict:
+        """The stream fields of one --text file: read once, the state carried (app/training/stream_eval.py)."""
+        t = self.tokenizer
+        ids = np.asarray([*t.encode(text), t.eos_id], dtype=np.int64)
+        res = stream_nats(self.stream, [ids], t.bos_id, t.pad_id, self.cfg.text_chunk_len, rows=1)
+        return stream_fields(res, num_bytes)
 
     def run(self) -> tuple[dict, list[dict]]:
         """-> (the JSON result, one table row per evaluated source)."""
@@ -209,12 +232,16 @@ class Evaluator:
             res = self._run(text_store(self.tokenizer, text, cfg.text_chunk_len), [cfg.text_chunk_len])
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
+            if self.stream is not None:
+                row.update(self._stream(text, len(raw)))
             if self.dynamic is not None:
                 t = self.tokenizer
                 self._with_dynamic(row, [[t.bos_id, *t.encode(text), t.eos_id]], len(raw))
             rows.append(row)
             result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
         result["text_chunk_len"] = cfg.text_chunk_len
+        if self.texts:
+            result["text_scoring"] = text_scoring(cfg.text_chunk_len, self.stream is not None)
         if self.dynamic is not None:
             result["dynamic"] = {"lr": cfg.dyn_lr, "decay": cfg.dyn_decay, "segment": cfg.dyn_segment}
         return result, rows
@@ -228,6 +255,8 @@ class Evaluator:
             print(
                 f"{self.src.describe()}\nevaluated with P={self.layout.stages} x DP={self.layout.data_parallel} "
                 f"(fp32)\n{fmt_table(rows)}",
+                *(f"  {k}: {v}" for k, v in result.get("text_scoring", {}).items()),
+                sep="\n",
                 flush=True,
             )
             try:

@@ -1,0 +1,62 @@
+"""A long text scored as one stream (app/training/stream_eval.py, `app/evaluate.py --text`'s stream column).
+
+Reference: the plain LanguageModel's one forward pass over the whole [BOS, text] in float64 (every token
+predicted from everything before it); the chunked figure (each piece from a fresh state) must differ.
+The CLI's columns are checked on a trained checkpoint in tests/test_evaluate.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.generation.decoder import Decoder
+from app.model.config import debug_config
+from app.model.lm import LanguageModel
+from app.training.evaluator import text_store
+from app.training.stream_eval import stream_nats
+from data_prep.tokenizer import ByteTokenizer
+
+
+@torch.no_grad()
+def whole_pass_nats(model: LanguageModel, ids: np.ndarray, bos: int) -> float:
+    """Summed cross-entropy of ids predicted from [BOS] + everything before each, in ONE forward pass."""
+    inp = torch.as_tensor(np.concatenate([[bos], ids[:-1]]))[None]  # (1, T)
+    logits = model(inp)[0]  # (T, V)
+    return float(F.cross_entropy(logits, torch.as_tensor(ids), reduction="sum"))
+
+
+@pytest.mark.parametrize("cell", ["mlstm", "lstm"])
+def test_stream_equals_one_whole_pass_and_not_the_chunked_score(cell):
+    torch.manual_seed(random.randrange(1 << 30))
+    model = (
+        LanguageModel(debug_config(vocab_size=259, cell=cell, weight_norm=cell == "mlstm")).double().eval()
+    )
+    with torch.no_grad():  # larger recurrent weights than the init's: a state that carries what it read
+        for layer in model.recurrent:
+            for p in layer.parameters():
+                p.mul_(3.0)
+    tok = ByteTokenizer()
+    rng = random.Random(3)
+    texts = ["".join(rng.choice("abcde fgh.\n") for _ in range(n)) for n in (150, 61, 97)]
+    seqs = [np.asarray([*tok.encode(t), tok.eos_id], dtype=np.int64) for t in texts]
+    ref = [whole_pass_nats(model, s, tok.bos_id) for s in seqs]
+    dec = Decoder(model)
+    for chunk, rows in ((7, 2), (1000, 3)):  # several chunks per row; rows of unequal lengths
+        got = stream_nats(dec, seqs, tok.bos_id, tok.pad_id, chunk, rows=rows)
+        assert got.tokens == sum(len(s) for s in seqs)
+        assert got.nats == pytest.approx(sum(ref), rel=1e-12)
+    alone = stream_nats(dec, seqs[:1], tok.bos_id, tok.pad_id, 16, rows=1)
+    assert alone.nats == pytest.approx(ref[0], rel=1e-12)
+    # today's chunked figure: each 16-token piece from a fresh state after BOS, the same tokens
+    store = text_store(tok, texts[0], 16)
+    chunked = sum(
+        whole_pass_nats(model, store.ids(i).astype(np.int64), tok.bos_id) for i in range(len(store))
+    )
+    assert int(store.lengths.sum()) == alone.tokens
+    assert not math.isclose(chunked, alone.nats, rel_tol=1e-4), (chunked, alone.nats)
