@@ -1,7 +1,7 @@
 """Train-step (forward + backward) throughput of ONE recurrent layer, and the machine's matmul peak.
 
     python bench/mlstm_layer.py [--sizes small,large] [--reps-small 5 --reps-large 3] [--budget-s 100]
-    python bench/mlstm_layer.py --device cuda   # the same contenders on a GPU (fused: CPU only -> unavailable)
+    python bench/mlstm_layer.py --device cuda --save   # on a GPU: fused = the Triton core, torch_lstm = cuDNN
 
 Contenders at each size (input width = hidden width H):
     fused_fp32 / fused_bf16    RecurrentLayer (mLSTM, weight norm on), core="fused" (compiled time loop)
@@ -29,11 +29,18 @@ elementwise passes are recorded as mlstm_cpu::* events. This is the proxy for ho
 GPU, where every such op is one kernel launch. `act_mb` = memory
 held for backward (tensors saved by autograd, deduplicated by storage), the part of peak training
 memory that grows with B*T; `max_rss_mb` is the whole process's peak. The last line printed is JSON.
+
+With --device cuda the profiler's CUDA kernels are counted instead (memcpy/memset left out), with CUDA
+graphs off (`kernels_per_step`) and on (`graph_kernels_per_step`). `gpu_targets`: the fused (Triton)
+core's bf16 model FLOP/s against cuDNN's nn.LSTM in bf16 (>= 0.8 large, >= 0.5 small) and its bf16
+tokens/s against the Python core's (>= 4 small). `--save` appends the JSON line to
+bench/results/mlstm_layer-<device>-<date>.json (bench/results.py: with the git commit).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -42,6 +49,7 @@ from collections.abc import Callable
 
 import torch
 from loop_clock import timing_fused_loop  # bench/loop_clock.py (this script's folder is on sys.path)
+from results import save  # bench/results.py
 
 from app.model.config import debug_config, recurrent_flops_per_token
 from app.model.core import mlstm_sequence
@@ -96,7 +104,7 @@ def timeit(fn: Callable[[], None], reps: int, warmup: int = 1) -> float:
 
 def peak_paths() -> dict[str, tuple[Callable[[], object], float]]:
     """(fn, flops) of a (4096 x 1024) @ (1024 x 4096) product on each available path."""
-    M, K, N = 4096, 1024, 4096
+    M, K, N = (8192, 8192, 8192) if DEVICE.type == "cuda" else (4096, 1024, 4096)
     a, w = torch.randn(M, K, device=DEVICE), torch.randn(N, K, device=DEVICE)
     ab, wb = a.bfloat16(), w.bfloat16()
     flops = 2.0 * M * K * N
@@ -185,7 +193,8 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
     # allocations, oneDNN primitive creation, and is rarely the best). No new round past the deadline.
     rounds = 0
     loop_s: dict[str, float] = {}  # the fused kinds: seconds inside the time loop in their best step
-    with timing_fused_loop() as clock:
+    # the CPU op's loop clock (on CUDA the fused core is Triton: no clock, no Amdahl figures)
+    with timing_fused_loop() if DEVICE.type == "cpu" else contextlib.nullcontext() as clock:
         for rep in range(reps):
             if rep >= 1 and time.perf_counter() > deadline:
                 break
@@ -271,6 +280,14 @@ def count_kernels(run: Callable[[], None]) -> int:
     """Compute ops dispatched by `run`, innermost only (an op that calls other compute ops is not counted)."""
     from torch.profiler import ProfilerActivity, profile
 
+    if DEVICE.type == "cuda":  # the kernels the GPU ran
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            sync()
+        cuda = torch.autograd.DeviceType.CUDA
+        return sum(
+            1 for e in prof.events() if e.device_type == cuda and not e.name.startswith(("Memcpy", "Memset"))
+        )
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
 
@@ -295,8 +312,8 @@ def kernels_per_step(B: int = 16, H: int = 256) -> dict:
         try:
             for T in (8, 16):
                 g = torch.Generator().manual_seed(0)
-                x = torch.randn(B, T, H, generator=g, requires_grad=True)
-                ws = [(torch.randn(s, generator=g) * H**-0.5).requires_grad_()
+                x = torch.randn(B, T, H, generator=g).to(DEVICE).requires_grad_()
+                ws = [(torch.randn(s, generator=g) * H**-0.5).to(DEVICE).requires_grad_()
                       for s in [(5 * H, H), (4 * H,), (H, H), (4 * H, H)]]  # fmt: skip
                 fwd = make_fwd(core, x, ws)
                 fwd().sum().backward()  # warm: kernel choices measured, extension built
@@ -309,6 +326,22 @@ def kernels_per_step(B: int = 16, H: int = 256) -> dict:
         except Exception as e:
             out[core] = f"{UNAVAILABLE}: {why(e)}"
     return out
+
+
+def gpu_targets(result: dict) -> dict:
+    """The issue's GPU targets, measured side by side in this run (bf16)."""
+
+    def met(size: str, a: str, b: str, field: str, target: float):
+        r = result.get(size)
+        v = ratio(r[field][a], r[field][b]) if r else UNAVAILABLE
+        return {"ratio": v, "met": v >= target} if isinstance(v, float) else UNAVAILABLE
+
+    lstm, py = "torch_lstm_bf16", "python_bf16"
+    return {
+        "large_fused_bf16_vs_cudnn_lstm_per_flop>=0.8": met("large", "fused_bf16", lstm, "model_gflops", 0.8),
+        "small_fused_bf16_vs_cudnn_lstm_per_flop>=0.5": met("small", "fused_bf16", lstm, "model_gflops", 0.5),
+        "small_fused_bf16_vs_python_bf16>=4": met("small", "fused_bf16", py, "tokens_per_s", 4.0),
+    }
 
 
 def rounded(v):
@@ -327,7 +360,8 @@ def main() -> None:
         help="no new timed round after this many seconds of timing (small size: a fifth of it)",
     )  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (kernels_per_step is counted on CPU)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/ (results.py)")
     args = ap.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -338,7 +372,13 @@ def main() -> None:
     result["device"] = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     result["loadavg_start"] = os.getloadavg()[0]  # the dev box is shared: context for the numbers
     result["bf16_native"] = bf16_is_native()
-    result["kernels_per_step"] = kernels_per_step()
+    if DEVICE.type == "cuda":
+        os.environ["MLSTM_CUDA_GRAPHS"] = "0"
+        result["kernels_per_step"] = kernels_per_step()
+        os.environ["MLSTM_CUDA_GRAPHS"] = "1"
+        result["graph_kernels_per_step"] = kernels_per_step()
+    else:
+        result["kernels_per_step"] = kernels_per_step()
     print("kernels per step", result["kernels_per_step"], flush=True)
     for name in args.sizes.split(","):
         reps = args.reps_large if name == "large" else args.reps_small
@@ -358,6 +398,8 @@ def main() -> None:
         targets["large_vs_torch_lstm_per_flop>=1"] = met(r["vs_torch_lstm_per_flop"], 1.0)
         targets["large_mfu_fp32>=0.6"] = met(r["mfu"]["fp32"], TARGETS["mfu"])
     result["targets"] = targets
+    if DEVICE.type == "cuda":
+        result["gpu_targets"] = gpu_targets(result)
     # the most each target's ratio could reach here with a perfect time loop (see amdahl())
     result["target_ceilings"] = {
         key: result[size].get(field, UNAVAILABLE)
@@ -372,6 +414,8 @@ def main() -> None:
     result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["seconds"] = time.perf_counter() - t0
     print(json.dumps(rounded(result)))
+    if args.save:
+        print("saved to", save(rounded(result), "mlstm_layer", result["device"]))
 
 
 if __name__ == "__main__":

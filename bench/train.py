@@ -1,6 +1,7 @@
 """End-to-end training throughput on CPU, measured side by side in one run. JSON line last.
 
     python bench/train.py [--steps 6] [--rounds 2] [--threads 1] [--model '{"embed_dim": 256, ...}']
+    python bench/train.py --device cuda [bench/train_gpu.py's flags]   # one GPU: small/medium/large presets
                           [--core fused,python] [--runs ds_p1,plain,ds_p2]
 
 1. DeepSpeed, P = 1, one process         (`deepspeed app/train.py ... --pipeline-stages 1`)
@@ -139,6 +140,15 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, clock=None) ->
 
 
 def main() -> None:
+    if "--device" in sys.argv:  # `--device cuda`: the one-GPU benchmark (bench/train_gpu.py), its own flags
+        i = sys.argv.index("--device")
+        if sys.argv[i + 1 : i + 2] == ["cuda"]:
+            del sys.argv[i : i + 2]
+            sys.path.insert(0, str(Path(__file__).parent))
+            import train_gpu
+
+            return train_gpu.main()
+        del sys.argv[i : i + 2]  # --device cpu: this benchmark
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of the three runs")

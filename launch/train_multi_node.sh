@@ -34,12 +34,12 @@ cmd=(deepspeed --log_level "${DS_LOG_LEVEL:-error}"
   --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
   --launcher "$LAUNCHER" "${launcher_args[@]}"
   app/train.py  # a file, not --module app.train: DeepSpeed's Slurm runner ignores --module
-  --deepspeed_config "${DS_CONFIG:-ds_configs/gpu_bf16_pp4_zero1.json}"
+  --deepspeed_config "${DS_CONFIG:-ds_configs/gpu_bf16_pp2_zero1.json}"
   --data "${DATA:-data/default}"
-  --pipeline-stages "${STAGES:-4}"
+  --pipeline-stages "${STAGES:-2}"
   --out "${OUT:-runs/multi_node}"
   --max-steps "${MAX_STEPS:-100000}"
-  --model-config "${MODEL:-large}"
+  --model-config "${MODEL:-medium}"
   "$@")
 FORWARD="${FORWARD:-OMP_NUM_THREADS DS_ACCELERATOR WANDB_MODE WANDB_PROJECT WANDB_ENTITY WANDB_BASE_URL \
 WANDB_SILENT HF_HOME HF_HUB_OFFLINE TORCH_EXTENSIONS_DIR MLSTM_MATMUL MLSTM_DS_FAULTS}"

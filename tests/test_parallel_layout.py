@@ -73,6 +73,10 @@ def test_shipped_configs_validate(path):
     json.dumps(out)
     if path.name.startswith("gpu_"):
         assert lay.precision == "bf16"
+        # fp32 gradient accumulation: with it DeepSpeed 0.19.8 takes BF16_Optimizer for bf16 + ZeRO-1 (the
+        # one that works with its PipelineEngine; DeepSpeedZeroOptimizer there lacks clear_lp_grads, DeepSpeed
+        # issue 1835), and ZeRO-2/3 accumulate in separate fp32 buffers (engine._do_optimizer_sanity_check)
+        assert out["data_types"] == {"grad_accum_dtype": "fp32"}
     if "offload" in path.name:
         assert out["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 

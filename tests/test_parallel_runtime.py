@@ -22,3 +22,10 @@ def test_deterministic_mode_does_not_fill_uninitialized_memory():
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.utils.deterministic.fill_uninitialized_memory = before[1]
+
+
+def test_deterministic_defaults_on_for_cpu_and_off_on_cuda():
+    from app.parallel.runtime import deterministic_default
+
+    assert deterministic_default(None) is (not torch.cuda.is_available())
+    assert (deterministic_default(True), deterministic_default(False)) == (True, False)

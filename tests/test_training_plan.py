@@ -108,3 +108,15 @@ def test_run_config_json_round_trip_reproduces_the_resolved_config(reference_run
     r = p.resolved(threads=1)
     assert r["deepspeed"]["optimizer"]["params"]["lr"] == r["train"]["lr"] == 0.01
     assert r["train"]["max_steps"] == 3 and r["model"] == saved["model"]
+
+
+def test_more_pipeline_stages_than_layer_specs_is_one_line(prepared_dir):
+    """The `large` preset has one recurrent layer, i.e. 3 layer specs: 4 stages cannot hold them."""
+    argv = ["--deepspeed_config", DS, "--data", str(prepared_dir), "--pipeline-stages", "4"]
+    with pytest.raises(UserError) as e:
+        plan([*argv, "--model-config", "debug", "model.num_layers=1"], world=4)
+    assert str(e.value) == (
+        "--pipeline-stages 4 needs at least 4 layer specs, but --model-config debug has 3 (embedding, "
+        "1 recurrent layer, head): use --pipeline-stages 3 or fewer, or model.num_layers=2 or more"
+    )
+    assert plan([*argv, "--model-config", "debug"], world=4).layout.stages == 4  # 4 specs: one a stage

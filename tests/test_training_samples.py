@@ -51,3 +51,10 @@ def test_samples_are_the_whole_models_in_pipeline_layouts(reference_run, pp2_dp2
     ref = check_samples(reference_run[0], [4, 8])
     dp2 = check_samples(pp2_dp2_run, [4, 8])
     assert all(r["prompt"] == "" and r["stop"] in ("length", "eos") for r in ref[8] + dp2[8])
+
+
+def test_samples_at_every_validation_on_cpu_and_at_the_end_on_cuda():
+    from app.training.samples import samples_at_end
+
+    assert samples_at_end(None) is torch.cuda.is_available()
+    assert (samples_at_end("end"), samples_at_end("validation")) == (True, False)

@@ -8,6 +8,7 @@ DeepSpeed's division by grad_accum and averaging over data-parallel ranks undo t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import deepspeed
@@ -19,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
 from app.parallel.layout import Layout
+from app.parallel.optimizer import choose_adam
 from app.parallel.partition import pipeline_layer_costs
 from app.parallel.pipeline import build_pipeline, build_sequential
 
@@ -76,6 +78,12 @@ class Engine:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:
             lr_fn = lr_lambda or (lambda _: 1.0)
+            offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device")
+            ds_config, why = choose_adam(
+                ds_config, get_accelerator().device_name(), offload in ("cpu", "nvme")
+            )
+            if dist.get_rank() == 0:
+                logging.getLogger(__name__).info(why)
             self.ds, *_ = deepspeed.initialize(
                 model=module,
                 model_parameters=[p for p in module.parameters() if p.requires_grad],

@@ -232,6 +232,18 @@ def resolve_layout(
     )
 
 
+def check_stages_fit(stages: int, num_layers: int, model_flag: str) -> None:
+    """Every pipeline stage needs at least one of the model's layer specs (embedding, num_layers recurrent
+    layers, head): more stages than specs is one line naming both flags and the fixes."""
+    specs = num_layers + 2
+    if stages > specs:
+        raise UserError(
+            f"--pipeline-stages {stages} needs at least {stages} layer specs, but {model_flag} has {specs} "
+            f"(embedding, {num_layers} recurrent layer{'s' if num_layers > 1 else ''}, head): use "
+            f"--pipeline-stages {specs} or fewer, or model.num_layers={stages - 2} or more"
+        )
+
+
 def _enabled(cfg: dict, key: str, src: str) -> bool:
     v = _section(cfg, key, src).get("enabled", False)
     if not isinstance(v, bool):

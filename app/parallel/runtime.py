@@ -285,6 +285,11 @@ def set_threads() -> int:
     return n
 
 
+def deterministic_default(flag: bool | None) -> bool:
+    """--deterministic as given, else on for CPU runs and off where torch sees a CUDA device."""
+    return not torch.cuda.is_available() if flag is None else flag
+
+
 def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

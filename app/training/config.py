@@ -16,6 +16,7 @@ WandbMode = Literal["online", "offline", "disabled"]
 LR_DECAYS = typing.get_args(LrDecay)
 WANDB_MODES = typing.get_args(WandbMode)
 WandbArtifacts = Literal["none", "final", "saves"]
+SamplesAt = Literal["validation", "end"]
 WANDB_ARTIFACTS = typing.get_args(WandbArtifacts)
 
 
@@ -107,13 +108,18 @@ class TrainConfig:
     and a W&B table). 0: none."""
     sample_tokens: int = 128
     """New tokens per sample (fewer at end of document)."""
+    samples_at: SamplesAt | None = None
+    """When samples are drawn: at every validation, or only at the final one ("end"). Default: every
+    validation on CPU, the end on CUDA, where gathering the weights to rank 0 and sampling on its CPU
+    holds every GPU at the next collective (seconds per validation for the large preset)."""
     sample_prompts: str | None = None
     """File with one prompt per line for the samples (default: one empty prompt, a document's start)."""
     plots: bool = True
     """Write PNG plots of metrics.jsonl to <out>/plots/ (matplotlib) at each validation and at the end."""
-    deterministic: bool = True
-    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit on CPU
-    (not with --time-budget, where the clock sets the lr and the last step)."""
+    deterministic: bool | None = None
+    """Use deterministic algorithms, so a resumed run repeats the uninterrupted one bit for bit (not with
+    --time-budget, where the clock sets the lr and the last step). Default: on for CPU runs, off on CUDA,
+    where deterministic kernels (and cuBLAS's workspace setting) cost speed; --deterministic turns it on."""
     progress: bool = True
     """Show a progress bar on rank 0 when stderr is a terminal (never in a log file or pipe)."""
     verbose: bool = False

@@ -20,6 +20,7 @@ from app.parallel.layout import (
     DeepSpeedJson,
     Layout,
     apply_settings,
+    check_stages_fit,
     engine_config,
     optimizer_lr,
     resolve_layout,
@@ -72,6 +73,7 @@ def plan_run(
     ds_json = apply_settings(ds.data, **given)
     src = ds.source + (f" with {', '.join(f'{k}={v}' for k, v in given.items())}" if given else "")
     layout = resolve_layout(ds_json, world, cfg.pipeline_stages, src=src)
+    check_stages_fit(layout.stages, model_cfg.num_layers, f"--model-config {cfg.model_config or 'small'}")
     if layout.zero_stage == 0 and layout.precision != "fp16":
         raise UserError(
             f"{src}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for {layout.precision}; "

@@ -166,7 +166,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     tps.plot(c.train["step"], smooth(c.train["train/tokens_per_s"]), lw=1.4, color="C0")
     _style(tps, "step", "tokens/s (global batch)")
     mfu.plot(c.train["step"], 100 * smooth(c.train["train/mfu"]), lw=1.4, color="C1")
-    _style(mfu, "step", "MFU % (of measured matmul peak)")
+    _style(mfu, "step", "MFU % (of the peak in the run log)")
     fig.suptitle(f"{c.name}: throughput", fontsize=10)
     _save(fig, out / "throughput.png")
     return [*written, out / "lr.png", out / "throughput.png"]

@@ -1,4 +1,5 @@
-"""Text sampled from the model at each validation, so a run shows what it writes as it learns.
+"""Text sampled from the model at each validation (on CUDA by default at the final one only: --samples-at),
+so a run shows what it writes as it learns.
 
 Rank 0 rebuilds the whole model from the gathered weights (`app.parallel.gather`) on the CPU, away from
 the accelerator's training memory, and samples with the recurrent decoder of `app/generate.py`. The draws
@@ -27,6 +28,12 @@ from app.model.config import ModelConfig
 from app.model.lm import LanguageModel
 
 SAMPLING = SamplingConfig(temperature=1.0)  # the model's own distribution: what it has learned, unsharpened
+
+
+def samples_at_end(samples_at: str | None) -> bool:
+    """--samples-at, where unset: every validation on CPU, only the final one on CUDA (rank 0 gathers the
+    whole model and samples on its CPU while every GPU waits at the next collective)."""
+    return samples_at == "end" or (samples_at is None and torch.cuda.is_available())
 
 
 def read_prompts(path: str | None) -> list[str]:

@@ -37,17 +37,17 @@ from app.parallel.engine import Engine
 from app.parallel.gather import gather_full_state
 from app.parallel.layout import DeepSpeedJson, engine_config
 from app.parallel.precision import check_precision
-from app.parallel.runtime import init_distributed, seed_everything, set_threads
+from app.parallel.runtime import deterministic_default, init_distributed, seed_everything, set_threads
 from app.training.artifacts import log_model_artifact
 from app.training.batching import collate
 from app.training.config import TrainConfig
 from app.training.evaluation import evaluate
 from app.training.metrics import StepLogger, StepStats
-from app.training.peak_flops import measure_matmul_peak
+from app.training.peak_flops import mfu_peak
 from app.training.plan import open_inputs, plan_run
 from app.training.plots import plot_run
 from app.training.preemption import EXIT_PREEMPTED, Preemption
-from app.training.samples import read_prompts, sample_texts
+from app.training.samples import read_prompts, sample_texts, samples_at_end
 from app.training.schedule import lr_multiplier
 from app.training.time_budget import TimeBudget
 from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
@@ -93,7 +93,7 @@ class Trainer:
         if self.rank == 0:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
             check_precision(self.layout.precision, device_type, plan.ds_source, self.log)
-        seed_everything(cfg.seed, cfg.deterministic)
+        seed_everything(cfg.seed, deterministic_default(cfg.deterministic))
         self.steps_per_epoch, self.total_steps = plan.steps_per_epoch, plan.total_steps
         self.run_dir = Path(cfg.out)
         self.root = self.run_dir / "checkpoints"
@@ -334,11 +334,14 @@ class Trainer:
         )
         self.state.wandb_id = self.tracker.run_id
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.layout.precision, torch.float32)
+        peak, peak_line = mfu_peak(dtype, self.engine.device)
+        if self.rank == 0:
+            self.log.info(peak_line)
         self.metrics = StepLogger(
             self.tracker,
             self.log,
             flops_per_token=flops_per_token(self.model_cfg),
-            peak_flops=measure_matmul_peak(dtype, self.engine.device),
+            peak_flops=peak,
             world=self.world,
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch,
@@ -436,7 +439,7 @@ class Trainer:
             self.tracker.log_metrics(out, step)
         if not math.isfinite(res.loss):
             raise RuntimeError(f"{prefix} loss is not finite ({res.loss}) at step {step}")
-        if prefix == "val":
+        if prefix == "val" and not (periodic and samples_at_end(self.cfg.samples_at)):
             self._sample()
             self._plot()
         return out

@@ -1,0 +1,40 @@
+"""Benchmark results as committed data: `bench/results/<bench>-<device>-<date>.json`, one JSON line per run
+(appended), each carrying the device name and the git commit, so a figure can be checked against the code
+that produced it. `BENCH_RESULTS_DIR` writes elsewhere (the GPU session script points it at $OUT)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str:
+    """HEAD, with "+dirty" when the tree has uncommitted changes; "unknown" outside a checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def save(result: dict, bench: str, device: str) -> Path:
+    """Append `result` (plus device, commit, UTC time) as one JSON line; returns the file."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower() or "unknown"
+    folder = Path(os.environ.get("BENCH_RESULTS_DIR", ROOT / "bench" / "results"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{bench}-{slug}-{now:%Y-%m-%d}.json"
+    line = {**result, "device": device, "git_commit": git_commit(), "utc": now.isoformat(timespec="seconds")}
+    with path.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return path

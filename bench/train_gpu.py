@@ -1,0 +1,123 @@
+"""Training throughput on ONE GPU, through the real entry point. JSON line last.
+
+    python bench/train_gpu.py [--runs small,medium,large_b128,large_b256] [--steps 40] [--save]
+    python bench/train.py --device cuda ...   # the same (bench/train.py hands over to this script)
+
+Each run is `deepspeed --num_gpus 1 app/train.py --deepspeed_config ds_configs/gpu_bf16_zero2.json
+--pipeline-stages 1` on the embedded default corpus (data_prep's defaults): `small` and `medium` with the
+SentencePiece tokenizer at their micro-batch, `large_b128` / `large_b256` the `large` preset (4096 wide, one
+layer: the size of OpenAI's sentiment-neuron mLSTM) with the byte tokenizer at B = 128 / 256, where tokens/s
+is bytes/s. Figures: the median of the per-step tokens/s and MFU in metrics.jsonl over every step after
+the first `--skip` (compilation, graph capture, allocator warm-up), MFU against the datasheet dense bf16
+peak (app/training/peak_flops.py), and the run log's lines naming the core, the optimizer and the peak.
+`--save` appends the JSON line to bench/results/train_gpu-<device>-<date>.json (with the git commit).
+A run that fails is reported with the last lines of its log, never a crash of the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results import save  # bench/results.py (this script's folder is on sys.path)
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = {  # name: (preset, tokenizer, micro-batch)
+    "small": ("small", "spm", 64),
+    "medium": ("medium", "spm", 64),
+    "large_b128": ("large", "byte", 128),
+    "large_b256": ("large", "byte", 256),
+}
+
+
+def prep(out: Path, tokenizer: str, seq_len: int) -> None:
+    extra = ["--tokenizer", "byte"] if tokenizer == "byte" else []
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep",
+        "--out",
+        str(out),
+        "--max-seq-len",
+        str(seq_len),
+        "--quiet",
+        *extra,
+    ]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def train(name: str, data: Path, out: Path, steps: int, skip: int) -> dict:
+    preset, _, batch = RUNS[name]
+    cmd = [
+        str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", str(ROOT / "app" / "train.py"),
+        "--deepspeed_config", str(ROOT / "ds_configs" / "gpu_bf16_zero2.json"), "--pipeline-stages", "1",
+        "--data", str(data), "--model-config", preset, "--micro-batch", str(batch), "--grad-accum", "1",
+        "--max-steps", str(steps), "--warmup-steps", "5", "--out", str(out), "--eval-every", "0",
+        "--save-every", "0", "--eval-max-batches", "2", "--test-eval", "false", "--samples", "0",
+        "--plots", "false", "--wandb-mode", "disabled", "--log-every", "5",
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    if p.returncode != 0:
+        return {"status": "failed", "rc": p.returncode, "log_tail": log[-1500:]}
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train_recs = [r for r in recs if "train/tokens_per_s" in r][skip:]
+    tps = [r["train/tokens_per_s"] for r in train_recs]
+    mfu = [r["train/mfu"] for r in train_recs]
+    notes = [
+        ln.split("INFO ", 1)[-1]
+        for ln in log.splitlines()
+        if any(k in ln for k in ("mLSTM core", "optimizer:", "MFU against"))
+    ]
+    return {
+        "status": "ok", "preset": preset, "micro_batch": batch, "steps_timed": len(tps),
+        "tokens_per_s": statistics.median(tps) if tps else None, "mfu": statistics.median(mfu) if mfu else None,
+        "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default=",".join(RUNS), help="comma list of: " + ",".join(RUNS))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--skip", type=int, default=10, help="first steps left out of the medians")
+    ap.add_argument("--seq-len", type=int, default=256, help="data_prep --max-seq-len")
+    ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    args = ap.parse_args()
+    runs = args.runs.split(",")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown:
+        sys.exit(f"error: --runs: unknown {unknown}; choose from {list(RUNS)}")
+    if args.dry_run:
+        print(json.dumps({"runs": {r: RUNS[r] for r in runs}, "steps": args.steps, "skip": args.skip}))
+        return
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    result: dict = {"bench": "train_gpu", "torch": torch.__version__, "steps": args.steps, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        data: dict[str, Path] = {}
+        for name in runs:
+            tok = RUNS[name][1]
+            if tok not in data:
+                data[tok] = Path(tmp) / f"data_{tok}"
+                prep(data[tok], tok, args.seq_len)
+            result["runs"][name] = r = train(name, data[tok], Path(tmp) / name, args.steps, args.skip)
+            print(name, json.dumps(r)[:400], flush=True)
+            if RUNS[name][1] == "byte" and r.get("tokens_per_s"):
+                r["bytes_per_s"] = r["tokens_per_s"]  # one token per byte
+    print(json.dumps(result))
+    if args.save:
+        print("saved to", save(result, "train_gpu", device))
+
+
+if __name__ == "__main__":
+    main()
