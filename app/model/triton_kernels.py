@@ -63,6 +63,15 @@ def _tile_dot(acc, a_ptr, a_stride, b_ptr, b_row_stride, b_col_stride, rm, rn, M
 
 
 @triton.jit
+def _gate_dot(a_ptr, w_m_ptr, g, rm, rn, B, H,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """m_t W_m^T restricted to gate g's rows (g H .. g H + H) and units rn: a (BM, BN) tile in ACC."""
+    acc = tl.zeros((BM, BN), dtype=ACC)
+    return _tile_dot(acc, a_ptr, H, w_m_ptr + g * H * H, 1, H, rm, rn, B, H, H, BK, UPCAST, ACC, PREC)
+
+
+@triton.jit
 def fwd_r(h_ptr, w_mh_ptr, pm_ptr, r_ptr, m_ptr, t, B, H,
           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
@@ -90,46 +99,10 @@ def fwd_gates(m_ptr, w_m_ptr, pg_ptr, gates_ptr, cs_ptr, tcs_ptr, hs_ptr, t, B, 
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     a_ptr = m_ptr + t * B * H
     # W_m^T of gate g: element (k, n) = W_m[g H + n, k]
-    zi = _tile_dot(
-        tl.zeros((BM, BN), dtype=ACC), a_ptr, H, w_m_ptr, 1, H, rm, rn, B, H, H, BK, UPCAST, ACC, PREC
-    )
-    zf = _tile_dot(
-        tl.zeros((BM, BN), dtype=ACC), a_ptr, H, w_m_ptr + H * H, 1, H, rm, rn, B, H, H, BK, UPCAST, ACC, PREC
-    )
-    zo = _tile_dot(
-        tl.zeros((BM, BN), dtype=ACC),
-        a_ptr,
-        H,
-        w_m_ptr + 2 * H * H,
-        1,
-        H,
-        rm,
-        rn,
-        B,
-        H,
-        H,
-        BK,
-        UPCAST,
-        ACC,
-        PREC,
-    )
-    zu = _tile_dot(
-        tl.zeros((BM, BN), dtype=ACC),
-        a_ptr,
-        H,
-        w_m_ptr + 3 * H * H,
-        1,
-        H,
-        rm,
-        rn,
-        B,
-        H,
-        H,
-        BK,
-        UPCAST,
-        ACC,
-        PREC,
-    )
+    zi = _gate_dot(a_ptr, w_m_ptr, 0, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
+    zf = _gate_dot(a_ptr, w_m_ptr, 1, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
+    zo = _gate_dot(a_ptr, w_m_ptr, 2, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
+    zu = _gate_dot(a_ptr, w_m_ptr, 3, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
     mask = (rm[:, None] < B) & (rn[None, :] < H)
     pg = pg_ptr + t * B * pg_stride + rm[:, None] * pg_stride + rn[None, :]
     si = _sigmoid(zi + tl.load(pg, mask=mask, other=0.0).to(ACC))
