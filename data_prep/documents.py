@@ -4,6 +4,8 @@ A record is skipped (and counted under its reason) when it is:
 
 * ``empty``: empty or whitespace-only text;
 * ``nul_bytes``: contains NUL characters (binary data, or a mangled file);
+* ``lone_surrogate``: holds a UTF-16 surrogate that is not half of a pair (valid JSON, ``"\\ud800"``, as
+  scraped dumps carry from text cut mid-emoji): it has no UTF-8 form, so no token;
 * ``malformed_json``: a JSON line (or whole JSON-array file) that does not parse;
 * ``not_an_object``: valid JSON that is not an object (so it has no fields);
 * ``missing_text_field`` / ``null_text`` / ``non_string_text``: the ``--text-field`` value is absent,
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Iterator
 SKIP_REASONS = (
     "empty",
     "nul_bytes",
+    "lone_surrogate",
     "malformed_json",
     "not_an_object",
     "missing_text_field",
@@ -53,9 +56,15 @@ def check(records: Iterable[tuple], seed: int) -> Iterator[tuple]:
                 reason = "empty"
             elif "\x00" in text:
                 reason = "nul_bytes"
+        if not reason:
+            try:
+                data = text.encode("utf-8")
+            except (
+                UnicodeEncodeError
+            ):  # only a surrogate has no UTF-8 form (a pair decodes to one code point)
+                reason = "lone_surrogate"
         if reason:
             yield "", reason, 0, 0.0, 0, eos, file, line
             continue
-        data = text.encode("utf-8")
         doc_id = content_id(data)
         yield text, "", doc_id, split_coordinate(doc_id, seed), len(data), eos, file, line

@@ -103,7 +103,14 @@ class Sources:
             if fmt == "csv":
                 sep = "\t" if path.suffix.lower() == ".tsv" else ","
                 it = readers.table_records(
-                    "csv", path, cfg.text_field, 2, sep=sep, keep_default_na=False, na_values=[]
+                    "csv",
+                    path,
+                    cfg.text_field,
+                    2,
+                    sep=sep,
+                    keep_default_na=False,
+                    na_values=[],
+                    encoding_errors="replace",  # a mixed-encoding file is read, not refused, as .txt/.jsonl are
                 )  # line 1 is the header
             else:
                 it = readers.table_records("parquet", path, cfg.text_field, 0)

@@ -56,7 +56,10 @@ def test_every_cli_has_version(main, capsys):
     "module, needles",
     [
         (evaluate, ["--split {train,validation,test}", "--dynamic, --no-dynamic", "--config FILE"]),
-        (transfer, ["--features {auto,final_cell,final_hidden,mean_hidden,max_hidden}", "--device {auto,cpu,cuda}"]),
+        (
+            transfer,
+            ["--features {auto,final_cell,final_hidden,mean_hidden,max_hidden}", "--device {auto,cpu,cuda}"],
+        ),
         (generate, ["--config FILE", "--top-p TOP_P"]),
     ],
 )

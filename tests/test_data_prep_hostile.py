@@ -38,20 +38,23 @@ def _hostile_corpus(root: Path) -> list[str]:
         json.dumps([1, 2]),
         "",
         json.dumps({"text": "json doc \u00e9\u4e2d two"}),
+        json.dumps({"text": "bad \ud800 surrogate"}),  # valid JSON, no UTF-8 form: skipped, counted
     ]
     (root / "rows.jsonl").write_text("\n".join(lines) + "\n")
     (root / "array.json").write_text(json.dumps([{"text": "array doc"}, {"text": ""}], indent=1))
+    (root / "latin1.csv").write_bytes(b'text\n"caf\xe9 csv"\n')  # a mixed-encoding CSV: repaired, kept
     (root / "table.csv").write_text('text,label\n"csv, doc one",1\n,2\n"multi\nline csv",3\n')
     pq.write_table(pa.table({"text": ["parquet doc", None, "  ", "parquet doc 2"]}), root / "rows.parquet")
     return [
         GOOD_TXT, "caf\ufffd au lait\n", "json doc one", "json doc \u00e9\u4e2d two", "array doc",
-        "csv, doc one", "multi\nline csv", "parquet doc", "parquet doc 2",
+        "caf\ufffd csv", "csv, doc one", "multi\nline csv", "parquet doc", "parquet doc 2",
     ]  # fmt: skip
 
 
 EXPECTED_SKIPS = {
     "empty": 5,  # empty.txt, blank.txt, array.json "", table.csv empty cell, parquet "  "
     "nul_bytes": 1,
+    "lone_surrogate": 1,
     "malformed_json": 1,
     "not_an_object": 1,
     "missing_text_field": 1,

@@ -15,15 +15,33 @@ import time
 from pathlib import Path
 
 from app.common.errors import UserError
+from data_prep.format import MANIFEST_FILE, META_FILE
 
 LOCK_FILE = "run.lock"
 
 
+def check_run_dir(run_dir: Path) -> None:
+    """--out is a directory of its own (or not there yet): not a file, not a prepared-data directory."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out {run_dir}: exists and is not a directory; give the run a directory")
+    if (run_dir / META_FILE).is_file() and (run_dir / MANIFEST_FILE).is_file():
+        raise UserError(
+            f"--out {run_dir}: holds prepared data (data_prep's {META_FILE}, {MANIFEST_FILE}); give the run "
+            "its own directory and this one as --data"
+        )
+
+
 def acquire_run_lock(run_dir: Path):
     """Take the run directory's lock or raise a one-line UserError naming its holder; keep the result open."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir)
     path = run_dir / LOCK_FILE
-    f = open(path, "a+")  # noqa: SIM115 - held open for the run's life
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")  # noqa: SIM115 - held open for the run's life
+    except OSError as e:  # a read-only directory or disk, a path under a file
+        raise UserError(
+            f"--out {run_dir}: cannot write the run directory ({e.strerror}: {e.filename})"
+        ) from None
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

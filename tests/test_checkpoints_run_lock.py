@@ -1,0 +1,23 @@
+"""--out that cannot be a run directory is refused in one line naming it, before anything is trained."""
+
+from __future__ import annotations
+
+import pytest
+from launcher import train_args, train_process
+
+
+@pytest.mark.parametrize("case", ["a_file", "under_a_file", "prepared_data"])
+def test_out_that_cannot_hold_a_run_is_one_line(case, prepared_dir, tmp_path):
+    if case == "prepared_data":
+        out, want = prepared_dir, "holds prepared data"
+    else:
+        (tmp_path / "f").write_text("a user's file\n")
+        out = tmp_path / "f" if case == "a_file" else tmp_path / "f" / "run"
+        want = "is not a directory" if case == "a_file" else "cannot write the run directory"
+    p = train_process(train_args(prepared_dir, out, "--max-steps", "1", "--wandb-mode", "disabled", stages=1))
+    assert p.returncode != 0
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"--out {out}" in errors[0] and want in errors[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    if case != "prepared_data":
+        assert (tmp_path / "f").read_text() == "a user's file\n"  # nothing lost
