@@ -57,11 +57,9 @@ def check(records: Iterable[tuple], seed: int) -> Iterator[tuple]:
             elif "\x00" in text:
                 reason = "nul_bytes"
         if not reason:
-            try:
+            try:  # only a lone surrogate has no UTF-8 form (a pair decodes to one code point)
                 data = text.encode("utf-8")
-            except (
-                UnicodeEncodeError
-            ):  # only a surrogate has no UTF-8 form (a pair decodes to one code point)
+            except UnicodeEncodeError:
                 reason = "lone_surrogate"
         if reason:
             yield "", reason, 0, 0.0, 0, eos, file, line
