@@ -16,6 +16,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 END="${1:-}"
+if [ -z "$END" ] && [ "${DRY_RUN:-0}" = 1 ]; then  # `DRY_RUN=1 launch/compat.sh`: both ends' commands
+  for end in oldest newest; do bash "${BASH_SOURCE[0]}" "$end" "$@"; done
+  exit 0
+fi
 case "$END" in
   oldest) default_torch="torch==2.6.0" ;;
   newest) default_torch="torch" ;;
