@@ -20,18 +20,22 @@ from test_multinode import REF_ARGS, assert_same_losses, script_args
 pytestmark = [pytest.mark.multinode, pytest.mark.slow]
 
 
-def test_sbatch_two_tasks_train_as_one_world(slurm_cluster, reference_run, prepared_dir, tmp_path):
-    out = tmp_path / "slurm-run"
+def _submit(slurm_cluster, prepared_dir, tmp_path, out, wandb_mode, **extra) -> tuple[str, dict]:
+    """sbatch the reference run's settings as two tasks on one node -> (job id, the environment used)."""
     e = env(
         **slurm_cluster.env, DS_CONFIG="ds_configs/cpu_pp2_zero1.json", STAGES="2", DATA=str(prepared_dir),
-        OUT=str(out), MAX_STEPS=REF_STEPS, MODEL="debug", SECRET_DIR=str(tmp_path / "secrets"),
-        WANDB_API_KEY=FAKE_WANDB_KEY,
+        OUT=str(out), MAX_STEPS=REF_STEPS, MODEL="debug", SECRET_DIR=str(tmp_path / "secrets"), **extra,
     )  # fmt: skip
     sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1",
-              "--time=10", "launch/slurm_train.sbatch", *script_args(*REF_ARGS, "--wandb-mode", "offline")]  # fmt: skip
+              "--time=10", "launch/slurm_train.sbatch", *script_args(*REF_ARGS, "--wandb-mode", wandb_mode)]  # fmt: skip
     p = subprocess.run(sbatch, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    job = p.stdout.strip().split(";")[0]
+    return p.stdout.strip().split(";")[0], e
+
+
+def test_sbatch_two_tasks_train_as_one_world(slurm_cluster, reference_run, prepared_dir, tmp_path):
+    out = tmp_path / "slurm-run"
+    job, _ = _submit(slurm_cluster, prepared_dir, tmp_path, out, "offline", WANDB_API_KEY=FAKE_WANDB_KEY)
     state = slurm_cluster.wait_job(job, 400)
     # the job log goes to the submit directory, which always exists (runs/ need not: a fresh checkout)
     log_path = ROOT / f"mlstm-ds-{job}.out"
@@ -79,16 +83,9 @@ def test_usr1_saves_the_step_and_the_job_requeues_and_resumes(
     job's tasks while they wait after step 5. They save step 5 and exit 75, the script requeues the job, and
     the requeued job resumes from step 5 and ends with the uninterrupted run's losses."""
     out = tmp_path / "requeued"
-    e = env(
-        **slurm_cluster.env, DS_CONFIG="ds_configs/cpu_pp2_zero1.json", STAGES="2", DATA=str(prepared_dir),
-        OUT=str(out), MAX_STEPS=REF_STEPS, MODEL="debug", SECRET_DIR=str(tmp_path / "secrets"),
-        MLSTM_DS_FAULTS="await_signal_after=5",
-    )  # fmt: skip
-    sbatch = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none", "--cpus-per-task=1",
-              "--time=10", "launch/slurm_train.sbatch", *script_args(*REF_ARGS, "--wandb-mode", "disabled")]  # fmt: skip
-    p = subprocess.run(sbatch, cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    job = p.stdout.strip().split(";")[0]
+    job, e = _submit(
+        slurm_cluster, prepared_dir, tmp_path, out, "disabled", MLSTM_DS_FAULTS="await_signal_after=5"
+    )
     log_path = ROOT / f"mlstm-ds-{job}.out"
     try:
         deadline = time.time() + 300
