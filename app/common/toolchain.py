@@ -6,12 +6,25 @@ system's ninja instead of the one installed with the project (the `ninja` depend
 keep build logs in different formats, so each one discards the other's cached build in a shared
 TORCH_EXTENSIONS_DIR and compiles again: measured 25-40 s per extension per launch, alternating between
 the nodes' ranks and the launching node's processes.
+
+A build killed mid-way (Ctrl-C, a timeout, a preempted job) leaves torch's `lock` file in its build
+folder, and every later build of that extension waits on it forever. `build_lock` holds an flock, which
+the kernel drops when its holder dies, around our own builds: holding it, a `lock` file can only be
+one a dead build left, so it is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
+import sys
 import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def use_environment_scripts(environ: dict | None = None) -> str | None:
@@ -24,3 +37,27 @@ def use_environment_scripts(environ: dict | None = None) -> str | None:
         return None
     env["PATH"] = os.pathsep.join([scripts, *parts])
     return scripts
+
+
+def build_directory(name: str) -> Path:
+    """Where an extension of ours builds: TORCH_EXTENSIONS_DIR (default torch's build root) / python tag / name."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}" / name
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `folder` for one build; remove a `lock` file a killed build left."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.flock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        try:
+            stale = folder / "lock"
+            if stale.exists():
+                log.warning("removing %s, left by a build that was killed", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

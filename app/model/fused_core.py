@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from app.common.toolchain import use_environment_scripts
+from app.common.toolchain import build_directory, build_lock, use_environment_scripts
 from app.model import matmul
 from app.model.matmul import grad_weight, linear
 
@@ -75,6 +75,8 @@ _CSRC = Path(__file__).with_name("csrc")
 # headers): ninja compiles them in parallel, ~2x faster than one file on 2 cores (the first launch on a
 # machine pays this build)
 _SOURCES = sorted(_CSRC.glob("*.cpp"))
+# The name carries the torch version: a cached build against another torch's ABI is never reused.
+EXTENSION = "mlstm_cpu_v5_torch" + "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ops": the loaded op namespace, or "error": why it did not build
 
@@ -85,16 +87,17 @@ def _build() -> None:
     use_environment_scripts()  # this environment's ninja, whatever the shell's PATH (app/common/toolchain.py)
     # -fno-trapping-math lets GCC if-convert the clamps/selects in the activations so the loops
     # vectorise; it changes no result (we never enable FP traps).
-    # The name carries the torch version: a cached build against another torch's ABI is never reused.
-    tv = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
-    load(
-        name=f"mlstm_cpu_v5_torch{tv}",
-        sources=[str(f) for f in _SOURCES],
-        extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=os.environ.get("MLSTM_BUILD_VERBOSE") == "1",
-    )
+    folder = build_directory(EXTENSION)
+    with build_lock(folder):  # a build killed earlier must not leave every later one waiting
+        load(
+            name=EXTENSION,
+            sources=[str(f) for f in _SOURCES],
+            extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=os.environ.get("MLSTM_BUILD_VERBOSE") == "1",
+        )
 
 
 def fused_ops():
