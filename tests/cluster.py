@@ -231,7 +231,7 @@ def start_slurm(tmp: Path) -> SlurmCluster:
         conf = tmp / "slurm.conf"
         conf.write_text(
             f"ClusterName=mlstmtest\nSlurmctldHost={node}(127.0.0.1)\nSlurmctldPort={ctl_port}\n"
-            f"SlurmdPort={d_port}\nAuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={sock},cred_expire=30\n"
+            f"SlurmdPort={d_port}\nAuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={sock},cred_expire=10\n"
             f"StateSaveLocation={tmp / 'state'}\nSlurmdSpoolDir={tmp / 'spool'}\n"
             f"SlurmctldPidFile={tmp / 'slurmctld.pid'}\nSlurmdPidFile={tmp / 'slurmd.pid'}\n"
             f"SlurmctldLogFile={tmp / 'log' / 'slurmctld.log'}\nSlurmdLogFile={tmp / 'log' / 'slurmd.log'}\n"

@@ -97,7 +97,7 @@ def test_usr1_saves_the_step_and_the_job_requeues_and_resumes(
         while _job_field(slurm_cluster, job, "Restarts") != "1" and time.time() < deadline:
             time.sleep(0.5)
         assert _job_field(slurm_cluster, job, "Restarts") == "1", log_path.read_text()[-4000:]
-        # the requeued job waits out the revoked credential (cred_expire, 30 s here: tests/cluster.py), then runs
+        # the requeued job waits out the revoked credential (cred_expire, 10 s here: tests/cluster.py), then runs
         while _job_field(slurm_cluster, job, "JobState") == "REQUEUED" and time.time() < deadline:
             time.sleep(0.5)
         state = slurm_cluster.wait_job(job, 400)
