@@ -9,11 +9,11 @@ import copy
 import json
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from app.common.errors import UserError
 from app.common.files import read_json_object
+from app.parallel.ds_configs import resolve_ds_config
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
@@ -55,7 +55,7 @@ def load_ds_json(path: str | None, flag: str = "--deepspeed_config") -> dict:
             "--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json; also --deepspeed FILE, "
             "or `deepspeed:` in --config)"
         )
-    return read_json_object(Path(path), flag)
+    return read_json_object(resolve_ds_config(path, flag), flag)
 
 
 def apply_settings(
