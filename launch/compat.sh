@@ -11,7 +11,8 @@
 #   TORCH_INDEX_URL  the index torch comes from (default https://download.pytorch.org/whl/cpu, the CPU
 #                    builds; empty: pip's own configuration)
 #   COMPAT_TESTS     the tests run (default below: exported models under transformers, DeepSpeed's
-#                    checkpoint and pipeline internals, Arrow data prep, checkpoints of older trees)
+#                    checkpoint and pipeline internals, Arrow data prep, checkpoints of older trees,
+#                    W&B's offline run files and rewind)
 #   DRY_RUN=1        print the commands only
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +30,7 @@ shift
 VENV="${COMPAT_VENV:-$ROOT/.venv-compat-$END}"
 TORCH_SPEC="${TORCH_SPEC:-$default_torch}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
-read -r -a tests <<< "${COMPAT_TESTS:-tests/test_export_hf.py tests/test_checkpoints_consolidate.py tests/test_checkpoints_safety.py tests/test_parallel_pipeline.py tests/test_data_prep_formats.py tests/test_compat_main.py}"
+read -r -a tests <<< "${COMPAT_TESTS:-tests/test_export_hf.py tests/test_checkpoints_consolidate.py tests/test_checkpoints_safety.py tests/test_parallel_pipeline.py tests/test_data_prep_formats.py tests/test_training_tracking.py tests/test_compat_main.py}"
 pins="$VENV/compat-pins.txt"
 torch_index=()
 [ -z "$TORCH_INDEX_URL" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
@@ -57,7 +58,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 if [ "${DRY_RUN:-0}" != 1 ]; then
   echo "[compat] $END:" $("$VENV/bin/python" -m pip list --format freeze 2>/dev/null |
-    grep -iE '^(torch|deepspeed|transformers|huggingface.hub|tokenizers|datasets|pyarrow|numpy)==' | tr '\n' ' ')
+    grep -iE '^(torch|deepspeed|transformers|huggingface.hub|tokenizers|datasets|pyarrow|numpy|wandb)==' | tr '\n' ' ')
 fi
 export PATH="$VENV/bin:$PATH" WANDB_SILENT="${WANDB_SILENT:-true}" TOKENIZERS_PARALLELISM=false
 export DS_ACCELERATOR="${DS_ACCELERATOR:-$("$VENV/bin/python" -c 'import torch; print("" if torch.accelerator.is_available() else "cpu")' 2>/dev/null || echo cpu)}"

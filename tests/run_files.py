@@ -15,9 +15,14 @@ _BLOCK = 32768  # W&B's transaction log: a LevelDB-style log of 32 KiB blocks af
 
 def wandb_records(run_dir: Path) -> list:
     """Every record of the run's one offline W&B run file, parsed with wandb's own protobuf schema."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    return wandb_file_records(path)
+
+
+def wandb_file_records(path: Path) -> list:
+    """Every record of one W&B run file (`run-<id>.wandb`)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     data = path.read_bytes()
     assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
     out, pos, buf = [], 7, b""

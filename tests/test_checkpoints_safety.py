@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -310,7 +311,9 @@ def test_resume_after_torn_metrics_line_with_redacted_secret_and_wandb_rewound(
     assert steps == sorted(steps) and steps[-3:] == [7, 8, 9]  # re-run steps replace the old ones
     assert sorted(samples(out)) == [4, 9]  # samples.jsonl cut back to step 6 as well, then step 9's
     run_id = json.loads((out / "checkpoints" / PREVIOUS / "app_state.json").read_text())["wandb_id"]
-    assert f'"branch_point":{{"run_id":"{run_id}","step":6}}'.encode() in blob  # W&B rewound to 6
+    # W&B rewound to 6 (the record's JSON spacing differs between wandb releases)
+    assert re.search(rb'"branch_point":\s*\{"run_id":\s*"%s",\s*"step":\s*6\}' % run_id.encode(), blob)
+    assert all(d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*"))  # one W&B run
     for m in launcher_metrics(out):
         if m["step"] > 6 and "train/loss" in m:
             assert json.dumps(m["train/loss"]).encode() in blob, m  # W&B got the values metrics.jsonl has

@@ -46,12 +46,6 @@ def test_zero_2_3_refused_with_pipeline(stage):
     assert resolve_layout(cfg, 2, 1).zero_stage == stage
 
 
-def test_scheduler_section_refused():
-    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": OPT, "scheduler": {"type": "WarmupLR"}}
-    with pytest.raises(UserError, match="scheduler"):
-        resolve_layout(cfg, 1, 1)
-
-
 def test_bad_json_names_file_and_line(tmp_path):
     p = tmp_path / "x.json"
     p.write_text('{\n  "a": 1,\n  oops\n}')

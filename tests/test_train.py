@@ -109,6 +109,7 @@ def check_wandb_run(out, steps: list[int], scratch, saved: tuple[int, ...] = ())
     export of its checkpoint, staged under the run; the last one's weights are the final checkpoint's."""
     from app.checkpoints.export_format import read_export_config, read_weights
     from app.checkpoints.loader import open_source
+    from app.checkpoints.training import best_tag, tag_for
 
     records = wandb_records(out)
     assert wandb_config(records) == json.loads((out / "config.json").read_text())
@@ -121,7 +122,9 @@ def check_wandb_run(out, steps: list[int], scratch, saved: tuple[int, ...] = ())
     *earlier, art = wandb_artifacts(records, "model")
     run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
     assert art.name == f"model-{run_id}" and set(art.aliases) >= {"final", f"step-{steps[-1]}", "latest"}
-    assert [set(a.aliases) - {"latest"} for a in earlier] == [{f"step-{s}"} for s in saved[:-1]]
+    # "best": the version whose checkpoint has the lowest validation loss (W&B moves it to the newest given)
+    assert ("best" in art.aliases) == (best_tag(out / "checkpoints") == tag_for(steps[-1]))
+    assert [set(a.aliases) - {"latest", "best"} for a in earlier] == [{f"step-{s}"} for s in saved[:-1]]
     assert all(
         a.name == art.name and {e.path for e in a.manifest.contents} >= {"model.safetensors"} for a in earlier
     )

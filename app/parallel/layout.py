@@ -9,11 +9,11 @@ import copy
 import json
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from app.common.errors import UserError
 from app.common.files import read_json_object
+from app.parallel.ds_configs import resolve_ds_config
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
@@ -55,7 +55,7 @@ def load_ds_json(path: str | None, flag: str = "--deepspeed_config") -> dict:
             "--deepspeed_config is required (e.g. ds_configs/cpu_pp2_zero1.json; also --deepspeed FILE, "
             "or `deepspeed:` in --config)"
         )
-    return read_json_object(Path(path), flag)
+    return read_json_object(resolve_ds_config(path, flag), flag)
 
 
 def apply_settings(
@@ -101,16 +101,22 @@ def apply_settings(
 
 
 def stated_settings(cfg: dict) -> dict:
-    """What a DeepSpeed dict itself says of the app's settings (only the keys it states; precision only
-    where it has a bf16 or fp16 section)."""
+    """What a DeepSpeed dict itself says of the app's settings (only the keys it states, not "auto";
+    precision only where it has a bf16 or fp16 section)."""
     out: dict = {}
     for key, name in ((MICRO, "micro_batch"), (ACCUM, "grad_accum"), (GLOBAL, "global_batch")):
         if isinstance(cfg.get(key), int):
             out[name] = cfg[key]
     opt = cfg.get("optimizer")
-    if isinstance(opt, dict) and isinstance(opt.get("params"), dict) and "lr" in opt["params"]:
+    if (
+        isinstance(opt, dict)
+        and isinstance(opt.get("params"), dict)
+        and opt["params"].get("lr", "auto") != "auto"
+    ):
         out["lr"] = opt["params"]["lr"]
     sections = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict)]
+    if any(cfg[k].get("enabled") == "auto" for k in sections):
+        sections = []  # "auto": the precision flag decides (app/training/ds_adopt.py)
     on = [k for k in sections if cfg[k].get("enabled") is True]
     if sections:  # no section at all states nothing (fp32 by default)
         out["precision"] = on[0] if len(on) == 1 else "fp32" if not on else None
@@ -211,11 +217,6 @@ def resolve_layout(
     fp16 = _enabled(cfg, "fp16", src)
     if bf16 and fp16:
         raise UserError(f"{src}: enable at most one of `bf16` and `fp16`")
-    if "scheduler" in cfg:
-        raise UserError(
-            f"{src}: remove the `scheduler` section: the schedule comes from --warmup-steps, --lr-decay and "
-            f"--min-lr-ratio so that it always agrees with --max-steps/--epochs"
-        )
     if "optimizer" in cfg and training:
         _section(cfg, "optimizer", src)
     opt = cfg.get("optimizer")

@@ -35,6 +35,7 @@ from app.common.redact import REDACTED
 from app.model.config import PRESETS, ModelConfig
 from app.parallel.layout import DeepSpeedJson, load_ds_json, stated_settings
 from app.training.config import TrainConfig
+from app.training.ds_adopt import adopt
 
 SECTIONS = ("train", "model", "deepspeed")
 # What a run's config.json records besides its settings: results, read back as nothing.
@@ -121,8 +122,8 @@ def parse_args(argv: list[str] | None, description: str = "") -> TrainArgs:
         else:
             field = key.removeprefix("train.")
             values[field] = parse_value(TrainConfig, field, raw, key)
-    ds = _deepspeed_source(ns, file_ds)
-    return TrainArgs(build(TrainConfig, values), ds, model_over, ns.dry_run, notes)
+    ds, values, adopted = adopt(_deepspeed_source(ns, file_ds), values)  # "auto" and `scheduler`
+    return TrainArgs(build(TrainConfig, values), ds, model_over, ns.dry_run, notes + adopted)
 
 
 def _hf_deepspeed_flag(argv: list[str] | None) -> list[str] | None:

@@ -99,10 +99,13 @@ class TrainConfig:
     """online, offline or disabled. Default: $WANDB_MODE, else online with an API key, else offline."""
     wandb_run_name: str | None = None
     """Run name shown in W&B (default: the run directory's name)."""
+    wandb_system_metrics: bool = True
+    """Let W&B record system metrics (CPU, memory, GPU use) beside the run's own."""
     wandb_artifacts: WandbArtifacts = "final"
     """Model artifacts logged to W&B (an export: safetensors weights, config, tokenizer; a third to a quarter
     of a checkpoint, which also holds optimizer state): none, final (the last step's, alias "final"), or
-    saves (one version per checkpoint save, aliases "step-N")."""
+    saves (one version per checkpoint save, aliases "step-N"). The newest version is aliased "latest", the one
+    whose checkpoint has the lowest validation loss so far "best"."""
     samples: int = 4
     """Texts sampled per prompt at each validation (rank 0, from the whole model; written to samples.jsonl
     and a W&B table). 0: none."""

@@ -42,6 +42,16 @@ def resolve_wandb_mode(flag: str | None) -> str:
 
 
 SAMPLES_FILE = "samples.jsonl"
+RUN_ID_FILE = "wandb/run_id"  # the W&B run's id, so a resume continues it even with no checkpoint yet
+
+
+def recorded_run_id(run_dir: Path) -> str | None:
+    """The W&B run id an earlier start in `run_dir` recorded, or None."""
+    path = run_dir / RUN_ID_FILE
+    text = path.read_text().strip() if path.is_file() else ""
+    return text if text.isalnum() else None
+
+
 SAMPLE_FIELDS = ("prompt", "text", "stop")
 SAMPLE_COLUMNS = ["step", "prompt", "text", "new_tokens", "stop"]
 
@@ -59,6 +69,7 @@ class Tracker:
         config: dict,
         resume_id: str | None,
         rewind_to: int | None = None,
+        system_metrics: bool = True,
     ):
         self.log = get_logger()
         self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
@@ -72,7 +83,9 @@ class Tracker:
         try:
             import wandb
 
-            self.run = self._init(wandb, run_dir, project, mode, name, config, resume_id, rewind_to)
+            self.run = self._init(
+                wandb, run_dir, project, mode, name, config, resume_id, rewind_to, system_metrics
+            )
         except Exception as e:  # a tracking outage must never stop training
             self.log.warning(f"W&B {mode} init failed ({e.__class__.__name__}: {e}); trying offline")
             if mode == "online":
@@ -80,16 +93,17 @@ class Tracker:
                     import wandb
 
                     self.run = self._init(
-                        wandb, run_dir, project, "offline", name, config, resume_id, rewind_to
+                        wandb, run_dir, project, "offline", name, config, resume_id, rewind_to, system_metrics
                     )
                     self.mode = "offline"
                 except Exception as e2:
                     self.log.warning(f"W&B disabled for this run ({e2.__class__.__name__}: {e2})")
         if self.run is not None:
             self.log.info(f"W&B {self.mode} run {self.run.id} in {run_dir / 'wandb'}")
+            atomic_write(run_dir / RUN_ID_FILE, self.run.id + "\n")
 
     @staticmethod
-    def _init(wandb, run_dir, project, mode, name, config, resume_id, rewind_to):
+    def _init(wandb, run_dir, project, mode, name, config, resume_id, rewind_to, system_metrics):
         # A resume behind what W&B already holds (an older checkpoint, or steps logged after the last
         # save) rewinds the W&B run to the checkpoint's step (`resume_from`, recorded offline as the run's
         # branch point and applied on sync), so the re-run steps replace the old ones as in metrics.jsonl;
@@ -104,7 +118,9 @@ class Tracker:
             id=None if rewind else resume_id,
             resume="allow" if resume_id and not rewind else None,
             resume_from=f"{resume_id}?_step={rewind_to}" if rewind else None,
-            settings=wandb.Settings(init_timeout=60, console="off", save_code=False, x_disable_stats=True),
+            settings=wandb.Settings(
+                init_timeout=60, console="off", save_code=False, x_disable_stats=not system_metrics
+            ),
         )
 
     @property

@@ -50,7 +50,7 @@ from app.training.preemption import EXIT_PREEMPTED, Preemption
 from app.training.samples import read_prompts, sample_texts, samples_at_end
 from app.training.schedule import lr_multiplier
 from app.training.time_budget import TimeBudget
-from app.training.tracking import Tracker, resolve_wandb_mode, truncate_metrics
+from app.training.tracking import Tracker, recorded_run_id, resolve_wandb_mode, truncate_metrics
 from data_prep.tokenizer import load_tokenizer
 
 EXIT_NON_FINITE = 3  # the exit status when too many consecutive steps were skipped
@@ -329,8 +329,9 @@ class Trainer:
             mode=resolve_wandb_mode(cfg.wandb_mode),
             name=cfg.wandb_run_name or self.run_dir.name,
             config=self.resolved,
-            resume_id=self.state.wandb_id,
+            resume_id=self.state.wandb_id or recorded_run_id(self.run_dir),  # a crash before any save too
             rewind_to=rewind_to,
+            system_metrics=cfg.wandb_system_metrics,
         )
         self.state.wandb_id = self.tracker.run_id
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.layout.precision, torch.float32)
@@ -543,7 +544,13 @@ class Trainer:
         )
         if mode == "none" or (mode == "final" and not last) or self.tracker.run is None:
             return
-        aliases = [f"step-{self.state.step}", *(["final"] if last else [])]
+        best = ckpt.best_tag(self.root) == tag  # the lowest validation loss so far: W&B moves "best" here
+        aliases = [
+            f"step-{self.state.step}",
+            "latest",
+            *(["final"] if last else []),
+            *(["best"] if best else []),
+        ]
         if log_model_artifact(self.tracker, self.run_dir, self.root / tag, aliases):
             self.log.info(f"W&B model artifact model-{self.tracker.run_id} ({', '.join(aliases)}) from {tag}")
 
