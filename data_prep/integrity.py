@@ -73,13 +73,13 @@ def digest_problem(path: Path, expected: str) -> str | None:
 
 def id_problem(path: Path, input_ids, vocab_size: int, meta_path: Path) -> str | None:
     """Token ids outside [0, vocab_size): ``input_ids`` is the shard's list<int32> column (chunked)."""
-    lo, hi = 0, -1
+    top = -1  # the largest id read as uint32: a negative int32 id reads as 2**31 or more
     for chunk in input_ids.chunks:
         values = chunk.values.to_numpy(zero_copy_only=False)  # the memory-mapped buffer itself
         if len(values):
-            lo, hi = min(lo, int(values.min())), max(hi, int(np.max(values)))
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
+            top = max(top, int(values.view(np.uint32).max()))  # one pass checks both ends
+    if top >= vocab_size:
+        bad = top - (1 << 32) if top >= 1 << 31 else top
         return (
             f"{path}: token id {bad} is outside the vocabulary of {vocab_size} that {meta_path} gives "
             f"(the shard or meta.json is damaged, or they come from different preps)"

@@ -97,3 +97,18 @@ def test_file_digest_matches_a_whole_buffer_hash(tmp_path, size):
     blob = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     (tmp_path / "f").write_bytes(blob)
     assert file_digest(tmp_path / "f") == xxhash.xxh3_128(blob).hexdigest()
+
+
+def test_id_range_names_negative_and_too_large_ids(tmp_path):
+    import pyarrow as pa
+
+    from data_prep.integrity import id_problem
+
+    def ids(*rows):
+        return pa.chunked_array([pa.array(list(rows), pa.list_(pa.int32()))])
+
+    shard, meta = tmp_path / "00000.arrow", tmp_path / "meta.json"
+    assert id_problem(shard, ids([0, 5], [9]), 10, meta) is None
+    assert "token id 10 is outside the vocabulary of 10" in id_problem(shard, ids([0], [10, 3]), 10, meta)
+    assert "token id -1 is outside" in id_problem(shard, ids([0], [4, -1]), 10, meta)
+    assert id_problem(shard, ids(), 10, meta) is None
