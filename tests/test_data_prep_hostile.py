@@ -260,3 +260,57 @@ def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
         assert not (mnt / "o" / ".spool").exists()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _cut_streams(root: Path) -> bytes:
+    """.gz, .xz and .zst copies of one text, each cut at 80% of its compressed size; returns the text."""
+    import gzip
+    import lzma
+
+    import zstandard
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(500)]
+    text = "".join(" ".join(rng.choice(words, 150)) + "\n" for _ in range(2500)).encode()  # ~1.7 MB
+    for ext, compress in (("gz", gzip.compress), ("xz", lzma.compress), ("zst", zstandard.compress)):
+        blob = compress(text)
+        (root / f"cut.txt.{ext}").write_bytes(blob[: len(blob) * 4 // 5])
+    return text
+
+
+def test_corpora_as_they_come(tmp_path, capsys):
+    """NUL bytes in JSON and CSV text, a CSV field over 1 MB, parquet with null and non-string text, and
+    truncated .gz/.xz/.zst files: every good record kept, every bad one counted and named. A truncated
+    stream keeps its whole lines read before the break (it refused the whole prep before)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "nul.jsonl").write_text(
+        json.dumps({"text": "a\x00b"}) + "\n" + json.dumps({"text": "fine json"}) + "\n"
+    )
+    (src / "nul.csv").write_bytes(b'text\n"a\x00b"\n"fine csv"\n')
+    big = "".join(f"field {i} " for i in range(150_000))  # ~1.4 MB in one CSV field (csv's limit: 128 KiB)
+    (src / "big.csv").write_text(f'text\n"{big}"\nsmall\n')
+    pq.write_table(pa.table({"text": ["parquet ok", None]}), src / "nulls.parquet")
+    pq.write_table(pa.table({"text": [1, 2]}), src / "ints.parquet")
+    text = _cut_streams(src)
+    kept_text = text[: text.index(b"\n", (1 << 20) - 1) + 1]  # the first 1 MiB read, finished to its line end
+    out = tmp_path / "out"
+    args = ["--input", str(src), "--out", str(out), "--tokenizer", "byte", "--doc-split", "line"]
+    assert prep_main([*args, "--max-seq-len", "1024", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    meta = load_prepared(out).meta
+    assert {k: v for k, v in meta["skipped"].items() if v} == {
+        "nul_bytes": 2,
+        "null_text": 1,
+        "non_string_text": 2,
+    }
+    at = kept_text.count(b"\n") + 1  # the line the failed read started at
+    assert sorted(meta["documents"]["inputs_cut_short"]) == [
+        f"{src}/cut.txt.{e}:{at}" for e in ("gz", "xz", "zst")
+    ]
+    for ext in ("gz", "xz", "zst"):
+        assert f"cut.txt.{ext}:" in err and "compressed stream truncated or corrupt" in err
+    lines = kept_text.decode().splitlines()
+    good = ["fine json", "fine csv", big, "small", "parquet ok", *lines * 3]
+    assert meta["documents"]["kept"] == len(good)
+    assert sum(meta["splits"][s]["bytes"] for s in SPLITS) == sum(len(g.encode()) for g in good)
