@@ -229,37 +229,57 @@ def test_unreadable_file(tmp_path, capsys):
     assert "secret.txt: cannot read file" in capsys.readouterr().err
 
 
+def _digests(out: Path) -> list[str]:
+    return [
+        f["xxh3_128"]
+        for g in json.loads((out / "manifest.json").read_text())["groups"]
+        for f in g["files"].values()
+    ]
+
+
 def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
-    """A real 1 MiB file system (tmpfs) fills up mid-encode (in a worker or the parent): one line, the
-    finished shard groups kept, and once there is room the same command resumes."""
+    """Data prep fills the disk mid-encode: one line saying so and where, the finished shard groups kept;
+    once there is room the same command resumes, and writes the shards of an uninterrupted prep. The disk
+    is a real 1 MiB tmpfs where this machine lets us mount one, else ENOSPC injected into the shard writes
+    (MLSTM_DS_FAULTS=enospc_after_bytes); the test's output says which ran."""
+    src = tmp_path / "lines.txt"
+    # ~420 KB of lines, ~1.7 MB of shards
+    src.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000)))
+    flags = ["--input", str(src), "--doc-split", "line", "--tokenizer", "byte",
+             "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
+    assert prep_main([*flags, "--out", str(tmp_path / "reference")]) == 0
     mnt = tmp_path / "small_disk"
     mnt.mkdir()
-    p = subprocess.run(
+    mount = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
     )
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip()}")
+    faults = {} if mount.returncode == 0 else {"MLSTM_DS_FAULTS": "enospc_after_bytes=800000"}
+    print(
+        f"disk full: {'a 1 MiB tmpfs' if not faults else 'injected ENOSPC (mount refused: ' + mount.stderr.strip() + ')'}"
+    )
     try:
-        src = tmp_path / "lines.txt"
-        # ~420 KB of lines, ~1.7 MB of shards
-        src.write_text(
-            "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000))
-        )
-        args = ["--input", str(src), "--out", str(mnt / "o"), "--doc-split", "line", "--tokenizer", "byte",
-                "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
-        assert prep_main(args) == 2
-        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        cmd = [sys.executable, "-m", "data_prep", *flags, "--out", str(mnt / "o")]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, **faults})
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert (
-            len(lines) == 1 and "no space left on device" in lines[0] and "rerun the same command" in lines[0]
+            lines[0].startswith(f"error: {mnt / 'o'}: no space left on device")
+            and "rerun the same command" in lines[0]
         )
-        kept = len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"])
-        assert kept > 0
-        subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
-        assert prep_main(args) == 0
+        assert len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"]) > 0
+        first = (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns
+        if not faults:
+            subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr
+        assert (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns == first  # kept, not rewritten
+        assert _digests(mnt / "o") == _digests(tmp_path / "reference")
         assert load_prepared(mnt / "o").meta["documents"]["kept"] == 8000
         assert not (mnt / "o" / ".spool").exists()
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        if not faults:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _cut_streams(root: Path) -> bytes:
