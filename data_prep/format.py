@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_prep import integrity
 from data_prep.errors import UserError
 
 FORMAT_VERSION: int = 2
@@ -73,11 +74,17 @@ class PreparedData:
         import datasets
         import numpy as np
 
-        files = [self.path / g["files"][name]["name"] for g in self.manifest["groups"]]
+        entries = [g["files"][name] for g in self.manifest["groups"]]
+        files = [self.path / e["name"] for e in entries]
+        for f, e in zip(files, entries):  # before the first use of any of its bytes (integrity's docstring)
+            _refuse(integrity.size_problem(f, e["bytes"]) or integrity.digest_problem(f, e["xxh3_128"]))
         try:
             parts = [datasets.Dataset.from_file(str(f), in_memory=False) for f in files]
-        except Exception as exc:  # missing or truncated shard files
+        except Exception as exc:  # unreadable despite the digest (another writer's file)
             raise PreparedDataError(f"{self.path / name}: cannot load split ({exc}); {RERUN_HINT}") from exc
+        vocab = self.meta["tokenizer"]["vocab_size"]
+        for f, part in zip(files, parts):
+            _refuse(integrity.id_problem(f, part.data.column("input_ids"), vocab, self.path / META_FILE))
         ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
         if len(ds) != self.meta["splits"][name]["examples"]:
             raise PreparedDataError(
@@ -119,8 +126,26 @@ def load_prepared(path: str | Path) -> PreparedData:
         manifest["groups"][0]["files"]["train"]["name"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise PreparedDataError(f"{path / MANIFEST_FILE}: missing or corrupt ({exc}); {RERUN_HINT}") from exc
+    _check_sizes(path, meta, manifest)
     data = PreparedData(path=path, meta=meta, manifest=manifest)
     tok_path = data.tokenizer_path
     if tok_path is not None and not tok_path.is_file():
         raise PreparedDataError(f"{tok_path}: tokenizer model is missing; {RERUN_HINT}")
     return data
+
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise PreparedDataError(f"{problem}; {RERUN_HINT}")
+
+
+def _check_sizes(path: Path, meta: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """Every shard the manifest lists for a non-empty split is there at its size (a stat each). An empty
+    split is left to its users, which refuse it in their own words (training needs a validation split)."""
+    splits = meta.get("splits") or {}
+    for name in SPLITS:
+        if not (splits.get(name) or {}).get("examples"):
+            continue
+        for group in manifest["groups"]:
+            entry = group["files"][name]
+            _refuse(integrity.size_problem(path / entry["name"], entry["bytes"]))

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from app.common import faults
 from data_prep.encode import Encoded
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, zero length
@@ -74,6 +75,9 @@ def spill(piece: Piece, path: Path) -> Piece:
 
 def append(piece: Piece, split: int, dst: int) -> None:
     """Append the messages of ``split`` to the open file descriptor ``dst``."""
+    faults.shard_write(
+        sum(m.size for m in piece.data[split]) if piece.spool is None else piece.ranges[split][1]
+    )
     if piece.spool is None:
         for m in piece.data[split]:
             write_all(dst, m)

@@ -141,6 +141,7 @@ def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], tuple
         "skipped": dict(skipped),
         "where": where,
         "repaired": int(sum(n for f, n in with_fffd.items() if f in srcs.bad_utf8)),
+        "cut_short": sorted(srcs.broken.values()),  # compressed inputs truncated or corrupt ("file:line")
         "split_docs": split_docs.tolist(),
         "lowest_train": sorted([u, n, b] for u, (n, b) in lowest.items()),
         "fingerprint": fingerprint.hexdigest(),
@@ -489,6 +490,7 @@ def _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command) -> dict[str, A
             "kept": scan["kept"],
             "skipped": int(sum(scan["skipped"].values())),
             "repaired_invalid_utf8": scan["repaired"],
+            "inputs_cut_short": scan.get("cut_short", []),
         },
         "skipped": scan["skipped"],
         "split_notes": notes,

@@ -35,9 +35,52 @@ Record = tuple[str | None, str, int, bool]  # (text, skip reason or "", first li
 
 @dataclass(slots=True)
 class Utf8State:
-    """Where a file first had invalid UTF-8 (None if nowhere)."""
+    """Where a file first had invalid UTF-8 (None if nowhere), and where its compressed stream broke off."""
 
     first_bad: tuple[int, int] | None = None  # (line, byte offset)
+    # (line, why): a .gz/.xz/.zst file truncated or corrupt there; the lines before it are kept (whole
+    # lines only: the read that failed is dropped), the file is counted and named, the prep goes on
+    broken_at: tuple[int, str] | None = None
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A .zst file's frames decompressed one after another. zstandard's ``stream_reader`` ends a file cut
+    inside a frame as if it were complete (a short read, no error); this raises EOFError there."""
+
+    def __init__(self, path: Path) -> None:
+        import zstandard
+
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
+        self._dobj = self._new()
+        self._out, self._pos, self._in_frame = b"", 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+    def readinto(self, b) -> int:
+        while self._pos == len(self._out):
+            data = self._raw.read(1 << 16)
+            if not data:
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return 0
+            parts = []
+            while data:  # a frame may end inside this read: the rest starts the next one
+                self._in_frame = True
+                parts.append(self._dobj.decompress(data))
+                data = b""
+                if self._dobj.eof:
+                    data, self._dobj, self._in_frame = self._dobj.unused_data, self._new(), False
+            self._out, self._pos = b"".join(parts), 0
+        n = min(len(b), len(self._out) - self._pos)
+        b[:n] = self._out[self._pos : self._pos + n]
+        self._pos += n
+        return n
 
 
 def open_binary(path: Path) -> io.BufferedIOBase:
@@ -49,10 +92,7 @@ def open_binary(path: Path) -> io.BufferedIOBase:
         if suffix == ".xz":
             return lzma.open(path, "rb")  # type: ignore[return-value]
         if suffix == ".zst":
-            import zstandard
-
-            raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))  # type: ignore[arg-type]
+            return io.BufferedReader(_ZstdFrames(path), 1 << 20)
         return open(path, "rb")
     except OSError as exc:
         raise UserError(f"{path}: cannot read file ({exc.strerror or exc})") from exc
@@ -79,10 +119,11 @@ def iter_chunks(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int]]:
                 raw = f.read(CHUNK_BYTES)
                 if raw and not raw.endswith(b"\n"):
                     raw += f.readline(CHUNK_BYTES)  # finish the line, within bounds
-            except (OSError, EOFError, lzma.LZMAError) as exc:
-                raise UserError(f"{path}: cannot read file near line {lineno} ({exc})") from exc
-            except Exception as exc:  # zstandard.ZstdError and friends
-                raise UserError(f"{path}: cannot decompress near line {lineno} ({exc})") from exc
+            except Exception as exc:
+                if not _broken_stream(path, exc):
+                    raise UserError(f"{path}: cannot read file near line {lineno} ({exc})") from exc
+                utf8.broken_at = (lineno, str(exc) or type(exc).__name__)
+                raw = b""  # the text so far is kept, as of a file that ended here
             eof = not raw
             data = carry + raw
             cut = len(data) if eof or data.endswith(b"\n") else len(data) - _incomplete_tail(data)
@@ -107,6 +148,13 @@ def iter_chunks(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int]]:
                 return
     finally:
         f.close()
+
+
+def _broken_stream(path: Path, exc: Exception) -> bool:
+    """A compressed file that is truncated or corrupt (not a disk or permission error: those refuse)."""
+    if path.suffix.lower() not in COMPRESSIONS:
+        return False
+    return isinstance(exc, (EOFError, lzma.LZMAError, gzip.BadGzipFile)) or type(exc).__name__ == "ZstdError"
 
 
 def iter_lines(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int, bool]]:

@@ -20,6 +20,7 @@ from data_prep import hub, readers
 from data_prep.config import PrepConfig
 from data_prep.default_corpus import default_corpus
 from data_prep.errors import UserError
+from data_prep.walk import walk
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class Sources:
     )  # default corpus: in-memory documents (file index = position)
     source: dict = field(default_factory=dict)  # for meta.json
     bad_utf8: set[int] = field(default_factory=set)  # file indices that needed replacement characters
+    broken: dict[int, str] = field(
+        default_factory=dict
+    )  # file index -> where its compressed stream broke off
 
     def fingerprints(self) -> list[dict]:
         """Per input file: name, format, size and a digest of sampled content (no mtime: see _sample_digest)."""
@@ -89,6 +93,13 @@ class Sources:
                 )
                 for text, reason, line, eos in it:
                     yield text, reason, idx, line, eos
+                if utf8.broken_at is not None and idx not in self.broken:  # once per run, not per pass
+                    line, why = utf8.broken_at
+                    self.broken[idx] = f"{self.names[idx]}:{line}"
+                    log.warning(
+                        "%s:%d: compressed stream truncated or corrupt (%s); the lines before it are kept",
+                        self.names[idx], line, why,
+                    )  # fmt: skip
                 if utf8.first_bad is not None and idx not in self.bad_utf8:  # once per run, not per pass
                     self.bad_utf8.add(idx)
                     warned += 1
@@ -189,8 +200,11 @@ def _fmt_for(path: Path, forced: str) -> str:
     return fmt
 
 
-def resolve_inputs(inputs: list[str], forced_format: str) -> list[tuple[Path, str]]:
-    """Expand paths, globs and directories (recursively, hidden entries skipped) in a stable order."""
+def resolve_inputs(
+    inputs: list[str], forced_format: str, problems: dict[str, list[str]]
+) -> list[tuple[Path, str]]:
+    """Expand paths, globs and directories (recursively, hidden entries skipped, see ``walk``) in a
+    stable order; what a directory walk had to leave out is added to ``problems`` (kind -> paths)."""
     out: list[tuple[Path, str]] = []
     seen: set[Path] = set()
     for spec in inputs:
@@ -199,10 +213,7 @@ def resolve_inputs(inputs: list[str], forced_format: str) -> list[tuple[Path, st
             if not paths:
                 raise UserError(f"{spec}: glob matches no files")
         elif os.path.isdir(spec):
-            paths = sorted(
-                p for p in Path(spec).rglob("*")
-                if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(spec).parts)
-            )  # fmt: skip
+            paths = walk(Path(spec), problems)
             if not paths:
                 raise UserError(f"{spec}: directory contains no files")
         elif os.path.lexists(spec):
@@ -224,8 +235,13 @@ def resolve(cfg: PrepConfig) -> Sources:
         source = {"kind": "hub", "name": cfg.hub, "config": cfg.hub_config, "split": cfg.hub_split}
         return Sources(cfg, [name], [], source=source)
     if cfg.inputs:
-        files = resolve_inputs(cfg.inputs, cfg.format)
+        problems: dict[str, list[str]] = {}
+        files = resolve_inputs(cfg.inputs, cfg.format, problems)
+        for kind, paths in problems.items():
+            log.warning("left out %d %s: %s", len(paths), kind.replace("_", " "), ", ".join(paths[:5]))
         source = {"kind": "files", "inputs": list(cfg.inputs), "files": len(files)}
+        if problems:
+            source["left_out"] = {kind: len(paths) for kind, paths in problems.items()}
         return Sources(
             cfg, [str(p) for p, _ in files], [(i, p, f) for i, (p, f) in enumerate(files)], source=source
         )

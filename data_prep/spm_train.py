@@ -1,7 +1,7 @@
 """Train a lossless SentencePiece model on a deterministic sample of the training split.
 
 The trainer sees lines (SentencePiece drops "sentences" over ``max_sentence_length`` bytes, and
-whole documents are far longer); newlines themselves are then covered by byte fallback. Its C++
+whole documents are far longer; a longer line is cut into pieces before a space); newlines themselves are then covered by byte fallback. Its C++
 logging goes to file descriptor 2, so the descriptor is redirected to a temporary file during
 training and only shown when training fails.
 """
@@ -51,9 +51,18 @@ def _captured_stderr() -> Iterator[io.StringIO]:
 
 
 def _lines(docs: Iterable[str]) -> Iterator[str]:
+    """Each document's lines; a line too long for the trainer (a one-line document of any size) comes
+    as pieces cut before a space (or anywhere, when there is none) rather than not at all."""
+    limit = MAX_LINE_BYTES // 4  # characters: any script's line then fits max_sentence_length
     for doc in docs:
         for line in doc.split("\n"):
-            if line.strip() and len(line) <= MAX_LINE_BYTES // 4:
+            while len(line) > limit:
+                cut = line.rfind(" ", limit // 2, limit)
+                cut = cut if cut > 0 else limit
+                if line[:cut].strip():
+                    yield line[:cut]
+                line = line[cut:]
+            if line.strip():
                 yield line
 
 

@@ -20,6 +20,13 @@ def format_summary(meta: dict[str, Any], out: str) -> str:
             else ""
         )
     )
+    cut = docs.get("inputs_cut_short") or []
+    if cut:
+        lines.append(
+            f"    {len(cut)} compressed input(s) truncated or corrupt, read up to: {', '.join(cut[:3])}"
+        )
+    for kind, n in (meta["source"].get("left_out") or {}).items():
+        lines.append(f"    left out {kind.replace('_', ' '):<20} {n} (see the warnings)")
     for reason, n in meta["skipped"].items():
         if n:
             lines.append(f"    skipped {reason:<20} {n}")

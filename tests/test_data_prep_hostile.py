@@ -229,34 +229,108 @@ def test_unreadable_file(tmp_path, capsys):
     assert "secret.txt: cannot read file" in capsys.readouterr().err
 
 
+def _digests(out: Path) -> list[str]:
+    return [
+        f["xxh3_128"]
+        for g in json.loads((out / "manifest.json").read_text())["groups"]
+        for f in g["files"].values()
+    ]
+
+
 def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
-    """A real 1 MiB file system (tmpfs) fills up mid-encode (in a worker or the parent): one line, the
-    finished shard groups kept, and once there is room the same command resumes."""
+    """Data prep fills the disk mid-encode: one line saying so and where, the finished shard groups kept;
+    once there is room the same command resumes, and writes the shards of an uninterrupted prep. The disk
+    is a real 1 MiB tmpfs where this machine lets us mount one, else ENOSPC injected into the shard writes
+    (MLSTM_DS_FAULTS=enospc_after_bytes); the test's output says which ran."""
+    src = tmp_path / "lines.txt"
+    # ~420 KB of lines, ~1.7 MB of shards
+    src.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000)))
+    flags = ["--input", str(src), "--doc-split", "line", "--tokenizer", "byte",
+             "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
+    assert prep_main([*flags, "--out", str(tmp_path / "reference")]) == 0
     mnt = tmp_path / "small_disk"
     mnt.mkdir()
-    p = subprocess.run(
+    mount = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
     )
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip()}")
+    faults = {} if mount.returncode == 0 else {"MLSTM_DS_FAULTS": "enospc_after_bytes=800000"}
+    print(
+        f"disk full: {'a 1 MiB tmpfs' if not faults else 'injected ENOSPC (mount refused: ' + mount.stderr.strip() + ')'}"
+    )
     try:
-        src = tmp_path / "lines.txt"
-        # ~420 KB of lines, ~1.7 MB of shards
-        src.write_text(
-            "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000))
-        )
-        args = ["--input", str(src), "--out", str(mnt / "o"), "--doc-split", "line", "--tokenizer", "byte",
-                "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
-        assert prep_main(args) == 2
-        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        cmd = [sys.executable, "-m", "data_prep", *flags, "--out", str(mnt / "o")]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, **faults})
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert (
-            len(lines) == 1 and "no space left on device" in lines[0] and "rerun the same command" in lines[0]
+            lines[0].startswith(f"error: {mnt / 'o'}: no space left on device")
+            and "rerun the same command" in lines[0]
         )
-        kept = len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"])
-        assert kept > 0
-        subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
-        assert prep_main(args) == 0
+        assert len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"]) > 0
+        first = (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns
+        if not faults:
+            subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr
+        assert (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns == first  # kept, not rewritten
+        assert _digests(mnt / "o") == _digests(tmp_path / "reference")
         assert load_prepared(mnt / "o").meta["documents"]["kept"] == 8000
         assert not (mnt / "o" / ".spool").exists()
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        if not faults:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _cut_streams(root: Path) -> bytes:
+    """.gz, .xz and .zst copies of one text, each cut at 80% of its compressed size; returns the text."""
+    import gzip
+    import lzma
+
+    import zstandard
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(500)]
+    text = "".join(" ".join(rng.choice(words, 150)) + "\n" for _ in range(2500)).encode()  # ~1.7 MB
+    for ext, compress in (("gz", gzip.compress), ("xz", lzma.compress), ("zst", zstandard.compress)):
+        blob = compress(text)
+        (root / f"cut.txt.{ext}").write_bytes(blob[: len(blob) * 4 // 5])
+    return text
+
+
+def test_corpora_as_they_come(tmp_path, capsys):
+    """NUL bytes in JSON and CSV text, a CSV field over 1 MB, parquet with null and non-string text, and
+    truncated .gz/.xz/.zst files: every good record kept, every bad one counted and named. A truncated
+    stream keeps its whole lines read before the break (it refused the whole prep before)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "nul.jsonl").write_text(
+        json.dumps({"text": "a\x00b"}) + "\n" + json.dumps({"text": "fine json"}) + "\n"
+    )
+    (src / "nul.csv").write_bytes(b'text\n"a\x00b"\n"fine csv"\n')
+    big = "".join(f"field {i} " for i in range(150_000))  # ~1.4 MB in one CSV field (csv's limit: 128 KiB)
+    (src / "big.csv").write_text(f'text\n"{big}"\nsmall\n')
+    pq.write_table(pa.table({"text": ["parquet ok", None]}), src / "nulls.parquet")
+    pq.write_table(pa.table({"text": [1, 2]}), src / "ints.parquet")
+    text = _cut_streams(src)
+    kept_text = text[: text.index(b"\n", (1 << 20) - 1) + 1]  # the first 1 MiB read, finished to its line end
+    out = tmp_path / "out"
+    args = ["--input", str(src), "--out", str(out), "--tokenizer", "byte", "--doc-split", "line"]
+    assert prep_main([*args, "--max-seq-len", "1024", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    meta = load_prepared(out).meta
+    assert {k: v for k, v in meta["skipped"].items() if v} == {
+        "nul_bytes": 2,
+        "null_text": 1,
+        "non_string_text": 2,
+    }
+    at = kept_text.count(b"\n") + 1  # the line the failed read started at
+    assert sorted(meta["documents"]["inputs_cut_short"]) == [
+        f"{src}/cut.txt.{e}:{at}" for e in ("gz", "xz", "zst")
+    ]
+    for ext in ("gz", "xz", "zst"):
+        assert f"cut.txt.{ext}:" in err and "compressed stream truncated or corrupt" in err
+    lines = kept_text.decode().splitlines()
+    good = ["fine json", "fine csv", big, "small", "parquet ok", *lines * 3]
+    assert meta["documents"]["kept"] == len(good)
+    assert sum(meta["splits"][s]["bytes"] for s in SPLITS) == sum(len(g.encode()) for g in good)

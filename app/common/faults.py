@@ -8,10 +8,13 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     hang_rank=R        hang_after applies to rank R only (repeatable): the other ranks go on into the
                        next collective and wait there, as behind a stalled or dead peer
     await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
+    enospc_after_bytes=N  data prep's shard writes fail with ENOSPC (disk full) once the process has
+                       appended N bytes to shards (for tests where no small file system can be mounted)
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -53,3 +56,16 @@ def await_signal_after(step: int, received: Callable[[], bool]) -> None:
     ):
         while not received():
             time.sleep(0.05)
+
+
+_written = 0
+
+
+def shard_write(nbytes: int) -> None:
+    """enospc_after_bytes=N: the write that would take this process past N bytes fails as on a full disk."""
+    global _written
+    limit = _FAULTS.get("enospc_after_bytes")
+    if limit:
+        _written += nbytes
+        if _written > min(limit):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
