@@ -8,6 +8,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     hang_rank=R        hang_after applies to rank R only (repeatable): the other ranks go on into the
                        next collective and wait there, as behind a stalled or dead peer
     await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
+    user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
+                       meets bad input alone would
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+
+from app.common.errors import UserError
 
 
 def _parse() -> dict[str, set[int]]:
@@ -37,19 +41,26 @@ def crash_in_save(step: int) -> None:
         os._exit(17)
 
 
-def hang_after(step: int) -> None:
+def _here(fault: str, step: int) -> bool:
+    """`fault` is set for `step` and this rank is one it applies to (hang_rank, when given, filters)."""
     ranks = _FAULTS.get("hang_rank")
-    if step in _FAULTS.get("hang_after", set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks):
+    return step in _FAULTS.get(fault, set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks)
+
+
+def hang_after(step: int) -> None:
+    if _here("hang_after", step):
         while True:
             time.sleep(60)
+
+
+def user_error_after(step: int) -> None:
+    if _here("user_error_after", step):
+        raise UserError(f"injected user error after step {step} (MLSTM_DS_FAULTS)")
 
 
 def await_signal_after(step: int, received: Callable[[], bool]) -> None:
     """await_signal_after=N: after step N the rank (hang_rank filters, as for hang_after) waits until
     `received()` (a preemption signal came), so a test's signal lands at a known step however fast steps are."""
-    ranks = _FAULTS.get("hang_rank")
-    if step in _FAULTS.get("await_signal_after", set()) and (
-        not ranks or int(os.environ.get("RANK", "0")) in ranks
-    ):
+    if _here("await_signal_after", step):
         while not received():
             time.sleep(0.05)
