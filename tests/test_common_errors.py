@@ -32,7 +32,10 @@ def _mains():
         "evaluate": (evaluate.main, ["--checkpoint", "{missing}", "--text", "{missing}"]),
         "generate": (generate.main, ["--checkpoint", "{missing}", "--prompt", "x"]),
         "export": (export.main, ["--checkpoint", "{missing}", "--out", "{tmp}/export"]),
-        "transfer": (transfer.main, ["--checkpoint", "{missing}", "--train", "{missing}", "--test", "{missing}"]),
+        "transfer": (
+            transfer.main,
+            ["--checkpoint", "{missing}", "--train", "{missing}", "--test", "{missing}"],
+        ),
         "plot": (plot.main, ["{missing}"]),
         "data_prep": (cli.main, ["--input", "{missing}", "--out", "{tmp}/prep"]),
     }

@@ -8,15 +8,19 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     hang_rank=R        hang_after applies to rank R only (repeatable): the other ranks go on into the
                        next collective and wait there, as behind a stalled or dead peer
     await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
+    enospc_in_save=N   writing checkpoint N fails with ENOSPC (disk full) on every rank (or the hang_rank ones),
+                       where a test cannot mount a small filesystem to fill
     user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
                        meets bad input alone would
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from app.common.errors import UserError
 
@@ -45,6 +49,11 @@ def _here(fault: str, step: int) -> bool:
     """`fault` is set for `step` and this rank is one it applies to (hang_rank, when given, filters)."""
     ranks = _FAULTS.get("hang_rank")
     return step in _FAULTS.get(fault, set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks)
+
+
+def enospc_in_save(step: int, path: Path) -> None:
+    if _here("enospc_in_save", step):
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected)", str(path))
 
 
 def hang_after(step: int) -> None:

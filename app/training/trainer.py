@@ -508,6 +508,7 @@ class Trainer:
                 ckpt.invalidate(self.root, tag)  # a rewritten tag is incomplete until its new manifest
             deepspeed_save(self.engine.ds, self.root, tag)
             ckpt.write_rank_state(self.root / tag, self.rank)
+            faults.enospc_in_save(st.step, self.root / tag)
             faults.crash_in_save(st.step)
 
         def commit() -> None:
