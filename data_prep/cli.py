@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from app.common.cli import field_docs
+from app.common.errors import report_user_error
 from app.common.version import __version__
 from data_prep.config import DOC_SPLITS, FORMATS, MODEL_TYPES, TOKENIZERS, PrepConfig
 from data_prep.errors import UserError
@@ -128,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse(argv)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_user_error(exc)
     set_hub_timeouts()  # before datasets/huggingface_hub are imported
     _setup_logging(cfg.quiet)
     from data_prep.pipeline import run
@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         meta = run(cfg, command)
     except (UserError, PreparedDataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_user_error(exc)
     except KeyboardInterrupt:
         print(
             "error: interrupted; finished shards are kept in --out: run the same command again to resume",

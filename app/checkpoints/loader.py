@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from app.checkpoints.consolidate import StateDict, checkpoint_state_dict
+from app.checkpoints.dir_kind import check_not_prepared_data
 from app.checkpoints.export_format import TOKENIZER_FILE, is_export_dir, read_export_config, read_weights
 from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
 from app.common.errors import UserError
@@ -79,6 +80,7 @@ def _model_cfg(d: object, where: Path) -> ModelConfig:
 
 def open_source(path: str | Path) -> Source:
     p = Path(path)
+    check_not_prepared_data(p, "--checkpoint")
     if is_export_dir(p):
         check_tree_inside(p, p, "--checkpoint")  # weights and tokenizer: inside the folder handed to us
         cfg = read_export_config(p)

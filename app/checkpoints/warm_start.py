@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from app.checkpoints.consolidate import StateDict, expected_shapes, to_module_state
+from app.checkpoints.dir_kind import check_not_prepared_data
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.resume import file_sha256
 from app.common.errors import UserError
@@ -24,6 +25,7 @@ def open_init_source(
     path: str, model_cfg: ModelConfig, tokenizer: dict, tokenizer_path: Path | None
 ) -> Source:
     """Open PATH (JSON only) and check that its weights fit this run's model and tokenizer: one line if not."""
+    check_not_prepared_data(path, "--init-from")
     try:
         src = open_source(path)
     except UserError as e:

@@ -38,6 +38,11 @@ class ConfigFile:
 def read_config_file(path: str | Path, flag: str = "--config") -> ConfigFile:
     """The top-level mapping of a .yaml/.yml/.json file, or one UserError line (file, line, problem)."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(
+            f"{flag} {p}: is a directory, not a config file (a run's own is <run>/config.json; prepared data "
+            "is given as --data)"
+        )
     if p.suffix.lower() not in SUFFIXES:
         raise UserError(f"{flag} {p}: expected a .yaml, .yml or .json file")
     try:

@@ -10,6 +10,10 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
     enospc_after_bytes=N  data prep's shard writes fail with ENOSPC (disk full) once the process has
                        appended N bytes to shards (for tests where no small file system can be mounted)
+    enospc_in_save=N   writing checkpoint N fails with ENOSPC (disk full) on every rank (or the hang_rank ones),
+                       where a test cannot mount a small filesystem to fill
+    user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
+                       meets bad input alone would
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import errno
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from app.common.errors import UserError
 
 
 def _parse() -> dict[str, set[int]]:
@@ -40,20 +47,32 @@ def crash_in_save(step: int) -> None:
         os._exit(17)
 
 
-def hang_after(step: int) -> None:
+def _here(fault: str, step: int) -> bool:
+    """`fault` is set for `step` and this rank is one it applies to (hang_rank, when given, filters)."""
     ranks = _FAULTS.get("hang_rank")
-    if step in _FAULTS.get("hang_after", set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks):
+    return step in _FAULTS.get(fault, set()) and (not ranks or int(os.environ.get("RANK", "0")) in ranks)
+
+
+def enospc_in_save(step: int, path: Path) -> None:
+    if _here("enospc_in_save", step):
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected)", str(path))
+
+
+def hang_after(step: int) -> None:
+    if _here("hang_after", step):
         while True:
             time.sleep(60)
+
+
+def user_error_after(step: int) -> None:
+    if _here("user_error_after", step):
+        raise UserError(f"injected user error after step {step} (MLSTM_DS_FAULTS)")
 
 
 def await_signal_after(step: int, received: Callable[[], bool]) -> None:
     """await_signal_after=N: after step N the rank (hang_rank filters, as for hang_after) waits until
     `received()` (a preemption signal came), so a test's signal lands at a known step however fast steps are."""
-    ranks = _FAULTS.get("hang_rank")
-    if step in _FAULTS.get("await_signal_after", set()) and (
-        not ranks or int(os.environ.get("RANK", "0")) in ranks
-    ):
+    if _here("await_signal_after", step):
         while not received():
             time.sleep(0.05)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.common.errors import peer_reported, write_traceback
 from app.common.logs import get_logger, library_prints
 from app.common.toolchain import use_environment_scripts
 
@@ -30,6 +31,7 @@ from app.common.toolchain import use_environment_scripts
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
 _LAUNCHER_PROGRAMS = ("deepspeed", "sshd", "slurmstepd")
 EXIT_LOST_PEER = 4
+START_UP_TIMEOUT_S = 600.0  # the collectives' timeout until arm_collective_timeout (DeepSpeed's default)
 
 
 def slurm_rank_env(environ: dict[str, str]) -> dict[str, str]:
@@ -92,8 +94,8 @@ def init_distributed(timeout_s: float | None = None) -> None:
     """Initialise torch.distributed with the accelerator's backend (gloo on CPU, NCCL on CUDA).
 
     Works under the deepspeed launcher (RANK/WORLD_SIZE set), under srun (Slurm's variables mapped), and as
-    a plain single process. `timeout_s` bounds every collective (DeepSpeed's default: 10 minutes), so the
-    ranks of a dead or stalled peer stop instead of waiting.
+    a plain single process. `timeout_s` bounds every collective once `arm_collective_timeout` is called
+    (before: at least START_UP_TIMEOUT_S), so the ranks of a dead or stalled peer stop instead of waiting.
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
@@ -110,7 +112,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     if launched:
         watch_launcher(grace_s=timeout_s or 600.0)
     backend = get_accelerator().communication_backend_name()
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    # start-up (engine build, stage timing, rank 0's checks while the others wait) runs under the longer
+    # of the two: on a loaded machine it can outlast a short --dist-timeout-s (arm_collective_timeout)
+    kwargs = {"timeout": timedelta(seconds=max(timeout_s, START_UP_TIMEOUT_S))} if timeout_s else {}
     with library_prints():  # "DeepSpeed ... shm_comm_op built successfully", once per rank
         deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
     atexit.register(release_own_shm)
@@ -118,6 +122,17 @@ def init_distributed(timeout_s: float | None = None) -> None:
         get_logger().info(f"imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE")
     if get_accelerator().device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def arm_collective_timeout(timeout_s: float) -> None:
+    """From now on the world group's collectives wait `timeout_s` for a peer, once every rank is past
+    start-up (a barrier under the start-up timeout first). torch's own setter for a live group
+    (`_set_pg_timeout`, torch >= 2.3: our floor is 2.6) changes it in place on every backend of the group."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.barrier()
+    _set_pg_timeout(timedelta(seconds=timeout_s))
 
 
 def release_own_shm(every_rank: bool = False) -> None:
@@ -261,12 +276,15 @@ def exit_on_lost_peer(fn: Callable[..., int]) -> Callable[..., int]:
             if not _is_lost_peer(e) or "RANK" not in os.environ:
                 raise
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), e.__class__.__name__)
-            print(
-                f"error: rank {os.environ['RANK']} lost contact with its peers ({first[:200]}): a rank died or "
-                "stalled past --dist-timeout-s; rerun the same command to resume from the last checkpoint",
-                file=sys.stderr,
-                flush=True,
-            )
+            if peer_reported():  # a peer printed why it stopped; this rank's loss of it is its consequence
+                write_traceback(e)
+            else:
+                print(
+                    f"error: rank {os.environ['RANK']} lost contact with its peers ({first[:200]}): a rank died "
+                    "or stalled past --dist-timeout-s; rerun the same command to resume from the last checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
             sys.stdout.flush()
             release_own_shm(every_rank=True)
             os._exit(EXIT_LOST_PEER)

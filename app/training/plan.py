@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from app.checkpoints.dir_kind import check_data_dir
 from app.common.errors import UserError
 from app.common.redact import redact_secrets
 from app.model.config import ModelConfig
@@ -59,6 +60,7 @@ class RunPlan:
 
 def open_inputs(cfg: TrainConfig, model_overrides: dict) -> tuple[RunData, ModelConfig]:
     """--data opened and the model config built (cheap: a bad path fails before any process starts)."""
+    check_data_dir(cfg.data)
     data = RunData(cfg.data)
     return data, load_model_config(cfg.model_config, data.tokenizer["vocab_size"], model_overrides)
 

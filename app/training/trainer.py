@@ -29,6 +29,7 @@ from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.save_guard import deepspeed_save, run_on_all_ranks
 from app.checkpoints.warm_start import load_into, open_init_source
 from app.common import faults
+from app.common.errors import set_log_dir
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
 from app.common.version import code_version
@@ -37,7 +38,13 @@ from app.parallel.engine import Engine
 from app.parallel.gather import gather_full_state
 from app.parallel.layout import DeepSpeedJson, engine_config
 from app.parallel.precision import check_precision
-from app.parallel.runtime import deterministic_default, init_distributed, seed_everything, set_threads
+from app.parallel.runtime import (
+    arm_collective_timeout,
+    deterministic_default,
+    init_distributed,
+    seed_everything,
+    set_threads,
+)
 from app.training.artifacts import log_model_artifact
 from app.training.batching import collate
 from app.training.config import TrainConfig
@@ -164,6 +171,7 @@ class Trainer:
         """Lock --out, let rank 0 pick the tag, and check it before any of its weights are read."""
         identity = self._identity()
         tag = resume_check.rank0_decides(self._lock_and_pick, self.rank)
+        set_log_dir(self.run_dir / "logs")  # --out accepted: error tracebacks go into the run from now on
         if tag is None:
             return None, None
         verify_tag_files(self.root / tag, self.run_dir)  # every rank: nothing outside, nothing to execute
@@ -357,6 +365,7 @@ class Trainer:
         cfg, st = self.cfg, self.state
         if cfg.sanity_eval_batches:
             self.validate("validation", "sanity", cfg.sanity_eval_batches)
+        arm_collective_timeout(cfg.dist_timeout_s)  # start-up done: --dist-timeout-s bounds every wait now
         self._loop_start, self._spent_before = time.monotonic(), st.train_seconds  # the budget's clock
         schedule = self.data.schedule("train")
         plan, plan_epoch = None, -1
@@ -372,6 +381,7 @@ class Trainer:
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
             faults.hang_after(st.step)
+            faults.user_error_after(st.step)
             faults.await_signal_after(st.step, self.preemption.received)
             if (signame := self.preemption.agreed(self.engine.device)) is not None:  # every rank, every step
                 return self._stop_preempted(signame)
@@ -499,6 +509,7 @@ class Trainer:
                 ckpt.invalidate(self.root, tag)  # a rewritten tag is incomplete until its new manifest
             deepspeed_save(self.engine.ds, self.root, tag)
             ckpt.write_rank_state(self.root / tag, self.rank)
+            faults.enospc_in_save(st.step, self.root / tag)
             faults.crash_in_save(st.step)
 
         def commit() -> None:
