@@ -9,7 +9,9 @@ carried) or the first chunk of the stream's next document (`carry` False: a zero
 stage computes the same plan from (seed, epoch), so nothing is sent between stages to agree on it.
 
 Documents of one chunk are bucketed and shuffled exactly as without the flag (`BucketSchedule`), and
-fill the slots' other positions. Streams are balanced once (longest documents first, each to the
+fill the slots' other positions. A document of more chunks than an even share of the streams is cut into
+segments of that share (a segment starts from a zero state), so the epoch is not as long as the longest
+book. Streams are balanced once (longest documents first, each to the
 shortest stream), so the epoch's length does not depend on the epoch; each epoch draws which slot gets
 which group of streams, the order of documents within each stream, and the steps at which a slot's
 stream micro-batches run (in order). A slot's streams are its rows longest first, so a stream that has
@@ -44,6 +46,15 @@ def _balance(lengths: np.ndarray, streams: int) -> list[list[int]]:
     return out
 
 
+def _segments(starts: np.ndarray, n_chunks: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Documents (first example, chunks) cut into runs of at most `cap` chunks."""
+    pieces = -(-n_chunks // cap)
+    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece index in its doc
+    seg_starts = np.repeat(starts, pieces) + k * cap
+    seg_chunks = np.minimum(cap, np.repeat(n_chunks, pieces) - k * cap)
+    return seg_starts, seg_chunks
+
+
 class CarrySchedule(BucketSchedule):
     """`BucketSchedule` plus streams of long documents whose rows carry their state (module docstring)."""
 
@@ -52,15 +63,16 @@ class CarrySchedule(BucketSchedule):
         starts = np.flatnonzero(~self.cont)  # first chunk of every document
         n_chunks = np.diff(np.append(starts, len(store)))
         long = n_chunks >= 2
-        in_stream = np.repeat(long, n_chunks)
-        super().__init__(store, bounds, exclude=in_stream, **kwargs)
-        self.doc_starts, self.doc_chunks = starts[long], n_chunks[long]  # (D,) documents of 2+ chunks
-        self.stream_rows = (
-            max(1, self.tokens_per_micro_batch // max(self.bounds))
-            if self.tokens_per_micro_batch
-            else self.micro_batch
-        )
-        streams = _balance(self.doc_chunks, self.per_step * self.stream_rows)
+        super().__init__(store, bounds, exclude=np.repeat(long, n_chunks), **kwargs)
+        tpmb = self.tokens_per_micro_batch
+        self.stream_rows = max(1, tpmb // max(self.bounds)) if tpmb else self.micro_batch
+        n_streams = self.per_step * self.stream_rows
+        # A document longer than an even share of the streams is cut into segments of that share, each from a
+        # zero state: else one book would make the epoch as many steps as it has chunks, the rest fillers.
+        cap = max(2, -(-int(n_chunks[long].sum()) // n_streams))
+        self.doc_starts, self.doc_chunks = _segments(starts[long], n_chunks[long], cap)  # (D,) 2+ chunks each
+        self.cont[self.doc_starts] = False  # a segment's first chunk starts from zero
+        streams = _balance(self.doc_chunks, n_streams)
         totals = np.array([int(self.doc_chunks[s].sum()) if s else 0 for s in streams], dtype=np.int64)
         by_length = np.argsort(-totals, kind="stable")
         # group g: streams by_length[g::per_step], longest first; its stream micro-batches: its longest stream
