@@ -13,7 +13,8 @@ bits/byte = (summed cross-entropy in nats, EOS included) / ln 2 / (the file's si
 beside what gzip -9, bzip2 -9 and xz -9 achieve on the same bytes (8 * compressed size / size). Beside
 it, "stream bits/byte" reads each file as ONE stream, the recurrent state carried from piece to piece
 (rank 0, one plain model; app/training/stream_eval.py), so every token is predicted from the whole file
-before it, as in generation (--no-stream leaves it out).
+before it, as in generation (--no-stream leaves it out). The split gets the same column: each of its
+documents (its chunks, consecutive examples in data_prep's order) read as one stream.
 
 --dynamic (one process): each split row / --text file is also read in order, --dyn-segment tokens at a
 time with the state carried, the weights adapting after each scored segment (Krause et al. 2018; see

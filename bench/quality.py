@@ -43,9 +43,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BOTCHAN = ROOT.parent / "shared" / "fieldtest" / "corpora" / "botchan.txt"
+BOTCHAN = ROOT / "tests" / "fixtures" / "corpora" / "botchan.txt"
 HELD_OUT = 0.10
-CORPORA = ("embedded", "botchan")
+CORPORA = ("embedded", "botchan", "log")
+LOG_BYTES = 1_000_000
+
+
+def log_text(n_bytes: int = LOG_BYTES, seed: int = 0) -> str:
+    """A generated CSV access log (neither prose nor code): timestamp, host, method, path, status, bytes,
+    latency, with the skewed repetition real logs have. Seeded, so every run scores the same bytes."""
+    import random
+
+    rng = random.Random(seed)
+    paths = ["/api/items", "/api/users", "/static/app.js", "/login", "/api/orders", "/health"]
+    lines, size, t = ["timestamp,host,method,path,status,bytes,latency_ms\n"], 0, 1_760_000_000
+    while size < n_bytes:
+        t += rng.choice((0, 0, 1, 1, 2, 7))
+        hh, mm, ss = (t // 3600) % 24, (t // 60) % 60, t % 60
+        path = rng.choices(paths, weights=(30, 12, 8, 5, 9, 36))[0]
+        path += f"/{rng.randrange(1, 5000)}" if path in ("/api/items", "/api/orders") else ""
+        status = rng.choices((200, 304, 404, 500), weights=(85, 8, 6, 1))[0]
+        line = (f"2025-10-{9 + t // 86400 % 20:02d}T{hh:02d}:{mm:02d}:{ss:02d}Z,web-{rng.randrange(1, 7)},"
+                f"{rng.choices(('GET', 'POST'), weights=(8, 2))[0]},{path},{status},"
+                f"{rng.randrange(120, 9000) if status == 200 else 0},{int(rng.lognormvariate(3, 0.8))}\n")  # fmt: skip
+        lines.append(line)
+        size += len(line)
+    return "".join(lines)
 
 
 def cut_at_line(text: str, frac: float) -> int:
@@ -84,9 +107,9 @@ def materialize(corpus: str, where: Path) -> tuple[Path, Path]:
     where.mkdir(parents=True, exist_ok=True)
     held = where / "heldout.txt"
     if held.exists():  # written by an earlier run in this --workdir (same corpus, same cut)
-        return (where / "train.txt" if corpus == "botchan" else where / "train"), held
-    if corpus == "botchan":
-        text = novel_text(BOTCHAN)
+        return (where / "train" if corpus == "embedded" else where / "train.txt"), held
+    if corpus != "embedded":
+        text = novel_text(BOTCHAN) if corpus == "botchan" else log_text()
         cut = cut_at_line(text, 1.0 - HELD_OUT)
         train = where / "train.txt"
         train.write_text(text[:cut], encoding="utf-8")
@@ -162,7 +185,7 @@ def ds_config(shipped: str, overrides: list[str], where: Path) -> str:
     return str(path)
 
 
-def train(data: Path, out: Path, args, budget: float | None, port: int) -> float:
+def train(data: Path, out: Path, args, budget: float | None, port: int, carry: bool = False) -> float:
     """The quickstart's training command on `data` (tuning flags after it win); -> its wall seconds."""
     _, launcher = quickstart_commands(budget, args.steps)
     script = launcher.index("app/train.py")  # the launcher's own options before it (--log_level, --num_gpus)
@@ -178,6 +201,8 @@ def train(data: Path, out: Path, args, budget: float | None, port: int) -> float
         cmd += ["--deepspeed_config", ds_config(shipped, args.ds_set, out.parent)]
     if args.stages:
         cmd += ["--pipeline-stages", str(args.stages)]
+    if carry:
+        cmd += ["--carry-state"]
     env = {"WANDB_SILENT": "true"} | ({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
     t0 = time.perf_counter()
     run(cmd, out.parent / f"{out.name}.train.log", env)
@@ -228,7 +253,15 @@ def target_for(budget: float | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budgets", default="3,10", help="comma list of training budgets in minutes")
+    ap.add_argument("--budgets", default="10", help="comma list of training budgets in minutes")
+    ap.add_argument(
+        "--minutes", type=float, default=None, help="one training budget in minutes (replaces --budgets)"
+    )
+    ap.add_argument(
+        "--carry",
+        default="off,on",
+        help="comma list: train with --carry-state off and/or on (same budget each)",
+    )
     ap.add_argument("--corpora", default=",".join(CORPORA), help=f"comma list of: {', '.join(CORPORA)}")
     ap.add_argument(
         "--workdir", type=Path, default=None, help="keep data and runs here (default: a temp dir)"
@@ -261,8 +294,13 @@ def main() -> None:
             ap.error(f"--corpora: {c!r} is not one of {', '.join(CORPORA)}")
     try:
         budgets: list[float | None] = [None] if args.steps else [float(b) for b in args.budgets.split(",")]
+        if args.minutes is not None and not args.steps:
+            budgets = [args.minutes]
     except ValueError:
         ap.error(f"--budgets: expected minutes separated by commas, got {args.budgets!r}")
+    carries = [c == "on" for c in args.carry.split(",") if c]
+    if not carries or any(c not in ("off", "on") for c in args.carry.split(",") if c):
+        ap.error(f"--carry: expected off, on or off,on, got {args.carry!r}")
     if "botchan" in corpora and not BOTCHAN.is_file():
         ap.error(f"--corpora botchan: {BOTCHAN} is missing")
 
@@ -287,13 +325,17 @@ def main() -> None:
         data = base / prep_key
         prepare(inp, data, quick_prep, prep_args)
         meta = json.loads((data / "meta.json").read_text())
-        for budget in budgets:
-            name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + args.tag
+        for budget, carry in ((b, c) for b in budgets for c in carries):
+            name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + (
+                "-carry" if carry else ""
+            )
+            name += args.tag
             out = base / name
-            wall = train(data, out, args, budget, args.port)
+            wall = train(data, out, args, budget, args.port, carry)
             row = {
                 "corpus": corpus,
                 "budget_min": budget,
+                "carry_state": carry,
                 **train_figures(out),
                 "launch_wall_s": round(wall, 1),
                 "tokenizer": f"{meta['tokenizer']['type']} {meta['tokenizer']['vocab_size']}",
@@ -310,6 +352,7 @@ def main() -> None:
             row |= {
                 "heldout_bytes": ev["bytes"],
                 "bits_per_byte": ev["bits/byte"],
+                "stream_bits_per_byte": ev.get("stream bits/byte"),
                 "gzip -9": ev["gzip -9"],
                 "bzip2 -9": ev["bzip2 -9"],
                 "xz -9": ev["xz -9"],
@@ -323,7 +366,8 @@ def main() -> None:
                 row["target_met_dynamic"] = row["dynamic_bpb"] < row[tgt]
             results.append(row)
             print(
-                f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte | gzip {row['gzip -9']:.3f} "
+                f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte "
+                f"(stream {row['stream_bits_per_byte']:.3f}) | gzip {row['gzip -9']:.3f} "
                 f"bzip2 {row['bzip2 -9']:.3f} xz {row['xz -9']:.3f} | {row['steps']} steps, "
                 f"{row['tokens_per_s']:.0f} tok/s, mfu {row['mfu']:.3f} | target {row['target']}: "
                 f"{'met' if row['target_met'] else 'MISSED'}"

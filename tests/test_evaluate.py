@@ -130,6 +130,8 @@ def test_pp2_dp2_checkpoint_evaluated_as_one_process_and_as_two_stages(pp2_dp2_r
     assert set(one["text_scoring"]) == {"bits/byte", "stream bits/byte"}
     assert close(t1["stream bits/byte"], t2["stream bits/byte"])
     assert close(t1["stream bits/byte"], whole_text_bits_per_byte(pp2_dp2_run, text), rel=1e-4)
+    # the split's documents as streams (rank 0's plain model): there, and the same in either layout
+    assert close(one["test/stream bits/byte"], two["test/stream bits/byte"])
     final = json.loads((pp2_dp2_run / "final_metrics.json").read_text())
     same_numbers(one, final, TEST_KEYS)  # what the training engine computed at the end of the run
     assert one["test/tokens"] == final["test/tokens"]

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
+from app.training.batching import TokenStore
 from app.training.evaluator import text_store
-from app.training.stream_eval import stream_nats
+from app.training.stream_eval import split_documents, stream_nats
 from data_prep.tokenizer import ByteTokenizer
 
 
@@ -60,3 +61,39 @@ def test_stream_equals_one_whole_pass_and_not_the_chunked_score(cell):
     )
     assert int(store.lengths.sum()) == alone.tokens
     assert not math.isclose(chunked, alone.nats, rel_tol=1e-4), (chunked, alone.nats)
+
+
+def test_split_documents_scored_as_streams_equal_one_pass_per_document():
+    """A prepared split's long documents are consecutive chunks (data_prep's order): `split_documents`
+    joins them back, and the split scored as streams equals one forward pass over each document."""
+    from datasets import Dataset
+
+    torch.manual_seed(1)
+    model = LanguageModel(debug_config(vocab_size=259)).double().eval()
+    with torch.no_grad():
+        for layer in model.recurrent:
+            for p in layer.parameters():
+                p.mul_(3.0)
+    tok, L = ByteTokenizer(), 16
+    rng = random.Random(5)
+    docs = [
+        np.asarray([*tok.encode("".join(rng.choice("ab c.") for _ in range(n))), tok.eos_id])
+        for n in (40, 3, 33, 15)
+    ]
+    docs.insert(2, docs[1].copy())  # a duplicate next to its twin: same doc_id, still two documents
+    chunks = [(d[a : a + L], k) for k, d in enumerate(docs) for a in range(0, len(d), L)]
+    ids = {0: 7, 1: 9, 2: 9, 3: 11, 4: 13}  # doc_id: a content hash, equal for the duplicate
+    split = Dataset.from_dict(
+        {
+            "input_ids": [c.astype(np.int32).tolist() for c, _ in chunks],
+            "length": [len(c) for c, _ in chunks],
+            "num_bytes": [len(c) for c, _ in chunks],
+            "doc_id": [ids[k] for _, k in chunks],
+            "bucket": [0 for _ in chunks],
+        }
+    )
+    got_docs = split_documents(TokenStore(split), tok.eos_id)
+    assert [d.tolist() for d in got_docs] == [d.tolist() for d in docs]
+    ref = sum(whole_pass_nats(model, d, tok.bos_id) for d in docs)
+    got = stream_nats(Decoder(model), got_docs, tok.bos_id, tok.pad_id, 7, rows=2)
+    assert got.nats == pytest.approx(ref, rel=1e-12)

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from app.model.carry import CarriedState
 from app.model.config import ModelConfig
 from app.model.core import mlstm_prefill, mlstm_sequence
-from app.model.mlstm_core import mlstm_sequence_from, mlstm_step
+from app.model.mlstm_core import mlstm_sequence_from, mlstm_step, state_dtype
 from app.model.weight_norm import weight_normed
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -81,6 +82,7 @@ class RecurrentLayer(nn.Module):
         self.weight_norm = cfg.weight_norm
         self.core = cfg.core
         self.drop = nn.Dropout(cfg.dropout)
+        self.carry: CarriedState | None = None  # --carry-state: set by the trainer (app.model.carry)
         r = cfg.init_range or 1.0 / math.sqrt(H)
         if self.cell == "lstm":
             self.lstm = nn.LSTM(self.in_dim, H, batch_first=True)
@@ -119,7 +121,12 @@ class RecurrentLayer(nn.Module):
         return h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, T, in) -> (B, T, H), every sequence from a zero state."""
+        """x (B, T, in) -> (B, T, H), every sequence from a zero state (in training with `self.carry` set,
+        rows its mask marks start from the state the same slot's row ended with)."""
+        if self.training and self.carry is not None:
+            slot, mask = self.carry.next_slot()
+            if mask is not None:
+                return self._forward_carried(x, slot, mask)
         if self.cell == "lstm":
             h, _ = self.lstm(x)  # (B, T, H)
             return self._finish(x, h).contiguous()
@@ -133,6 +140,14 @@ class RecurrentLayer(nn.Module):
                 x.to(cdt), w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt), self.core
             )  # (B, T, H)
         return self._finish(x, h).contiguous()
+
+    def _forward_carried(self, x: torch.Tensor, slot: int, mask: torch.Tensor) -> torch.Tensor:
+        """The reference loop from the carried state, in x's dtype (autocast off: it is not autocast-aware)."""
+        zero = self.init_state(x.shape[0], x.device, state_dtype(x.dtype))
+        with torch.autocast(x.device.type, enabled=False):
+            y, state = self.forward_from(x, self.carry.initial(slot, mask, zero))
+        self.carry.keep(slot, state)
+        return y
 
     def forward_from(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """x (B, T, in) from `state` -> (y (B, T, H), state after T steps), with weight gradients (the state

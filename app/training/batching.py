@@ -23,6 +23,9 @@ class MicroBatch:
     tokens: int  # real target tokens
     num_bytes: int  # UTF-8 bytes those tokens decode to
     padded: int  # positions computed after right-padding (batch * longest)
+    carry: np.ndarray | None = (
+        None  # --carry-state: per row, continues its slot's row (None: every row fresh)
+    )
 
 
 class TokenStore:
@@ -43,6 +46,14 @@ class TokenStore:
         self.lengths = np.asarray(ds.data.column("length").to_numpy(), dtype=np.int64)
         self.num_bytes = np.asarray(ds.data.column("num_bytes").to_numpy(), dtype=np.int64)
         self.buckets = np.asarray(ds.data.column("bucket").to_numpy(), dtype=np.int64)
+        names = ds.data.column_names  # a split built by hand may lack doc_id: every example its own document
+        docs = ds.data.column("doc_id").to_numpy() if "doc_id" in names else np.arange(len(self.lengths))
+        self.doc_ids = np.asarray(docs, dtype=np.int64)
+
+    def last_ids(self) -> np.ndarray:
+        """(n,) the last token of every example (EOS where it ends a document)."""
+        parts = [v[off[1:] - 1] for v, off in zip(self._values, self._offsets, strict=True)]
+        return np.concatenate([*parts, np.zeros(0, np.int32)]).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -64,7 +75,7 @@ class EpochPlan:
     that shares the arrays.
     """
 
-    __slots__ = ("num_bytes", "order", "padded", "per_step", "sizes", "starts", "steps", "tokens")
+    __slots__ = ("carry", "num_bytes", "order", "padded", "per_step", "sizes", "starts", "steps", "tokens")
 
     def __init__(
         self,
@@ -76,8 +87,12 @@ class EpochPlan:
         padded: np.ndarray,
         per_step: int,
         steps: range | None = None,
+        carry: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.order = order  # (n,) example indices, by bucket
+        # --carry-state: ((M,) bool the micro-batch is a stream one, (n,) bool the row at this position of
+        # `order` continues the same row of its slot's previous stream micro-batch); None: no carried state
+        self.carry = carry
         self.starts = starts  # (M,) first position in `order` of each micro-batch, in epoch order
         self.sizes = sizes  # (M,) sequences per micro-batch
         self.tokens = tokens  # (M,) real target tokens per micro-batch
@@ -93,12 +108,14 @@ class EpochPlan:
         return sum(a.nbytes for a in arrays)
 
     def micro_batch(self, m: int) -> MicroBatch:
-        a = int(self.starts[m])
+        a, b = int(self.starts[m]), int(self.starts[m]) + int(self.sizes[m])
+        carry = None if self.carry is None or not self.carry[0][m] else self.carry[1][a:b].copy()
         return MicroBatch(
-            self.order[a : a + int(self.sizes[m])].astype(np.int64),
+            self.order[a:b].astype(np.int64),
             int(self.tokens[m]),
             int(self.num_bytes[m]),
             int(self.padded[m]),
+            carry,
         )
 
     def __len__(self) -> int:
@@ -107,7 +124,7 @@ class EpochPlan:
     def __getitem__(self, k):
         if isinstance(k, slice):
             arrays = (self.order, self.starts, self.sizes, self.tokens, self.num_bytes, self.padded)
-            return EpochPlan(*arrays, self.per_step, self.steps[k])
+            return EpochPlan(*arrays, self.per_step, self.steps[k], self.carry)
         s = self.steps[k]
         return [self.micro_batch(m) for m in range(s * self.per_step, (s + 1) * self.per_step)]
 
@@ -147,7 +164,9 @@ class BucketSchedule:
         seed: int,
         tokens_per_micro_batch: int = 0,
         shuffle: bool = True,
+        exclude: np.ndarray | None = None,
     ) -> None:
+        """`exclude` (n,) bool: examples planned elsewhere (a subclass's), in no bucketed micro-batch."""
         self.store = store
         self.bounds = list(bounds)
         self.micro_batch = micro_batch
@@ -163,7 +182,8 @@ class BucketSchedule:
         nb = len(self.bounds)
         buckets = store.buckets
         key = np.full(len(buckets), nb, dtype=np.int8 if nb < 127 else np.int16 if nb < 32767 else np.int64)
-        np.copyto(key, buckets, casting="unsafe", where=(buckets >= 0) & (buckets < nb))
+        keep = (buckets >= 0) & (buckets < nb)
+        np.copyto(key, buckets, casting="unsafe", where=keep if exclude is None else keep & ~exclude)
         counts = np.bincount(key, minlength=nb + 1)[:nb]
         self._bucket_starts = np.concatenate([[0], np.cumsum(counts)])  # (nb + 1,)
         grouped = np.argsort(key, kind="stable")[: int(self._bucket_starts[-1])]
@@ -193,7 +213,27 @@ class BucketSchedule:
         }
 
     def epoch(self, epoch: int) -> EpochPlan:
-        rng = np.random.default_rng([self.seed, epoch])
+        order, start, size, tokens, nbytes, padded = self._micro_batches(
+            np.random.default_rng([self.seed, epoch])
+        )
+        fill = self.steps_per_epoch * self.per_step - len(start)  # empty micro-batches ending the epoch
+
+        def with_fillers(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.zeros(fill, a.dtype)])
+
+        idx = order.dtype.type
+        return EpochPlan(
+            order,
+            with_fillers(start.astype(idx)),
+            with_fillers(size.astype(idx)),
+            with_fillers(tokens),
+            with_fillers(nbytes),
+            with_fillers(padded),
+            self.per_step,
+        )
+
+    def _micro_batches(self, rng: np.random.Generator):
+        """(order, start, size, tokens, bytes, padded) of the epoch's bucketed micro-batches, shuffled."""
         order = self._grouped.copy() if self.shuffle else self._grouped
         starts, sizes = [], []
         for b in range(len(self.bounds)):
@@ -213,21 +253,7 @@ class BucketSchedule:
         if self.shuffle:
             perm = rng.permutation(len(start))
             start, size, tokens, nbytes, padded = (a[perm] for a in (start, size, tokens, nbytes, padded))
-        fill = self.steps_per_epoch * self.per_step - len(start)  # empty micro-batches ending the epoch
-
-        def with_fillers(a: np.ndarray) -> np.ndarray:
-            return np.concatenate([a, np.zeros(fill, a.dtype)])
-
-        idx = order.dtype.type
-        return EpochPlan(
-            order,
-            with_fillers(start.astype(idx)),
-            with_fillers(size.astype(idx)),
-            with_fillers(tokens),
-            with_fillers(nbytes),
-            with_fillers(padded),
-            self.per_step,
-        )
+        return order, start, size, tokens, nbytes, padded
 
     def _stats(self, order: np.ndarray, start: np.ndarray, size: np.ndarray):
         """tokens, bytes, padded positions of tiling micro-batches; a block of examples at a time, so the
@@ -255,13 +281,18 @@ class BucketSchedule:
 
 
 def collate(store: TokenStore, mb: MicroBatch, bos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (inputs, targets), both (B, T) int64: inputs are [bos] + targets[:-1]."""
+    """Right-padded (inputs, targets), both (B, T) int64: inputs are [bos] + targets[:-1], except that a row
+    continuing its document's previous chunk (`mb.carry`) reads that chunk's last token instead of bos."""
     if len(mb.indices) == 0:
         # A filler micro-batch: one pad position with no target contributes nothing to loss or gradient.
         return torch.full((1, 1), pad_id, dtype=torch.long), torch.full(
             (1, 1), IGNORE_INDEX, dtype=torch.long
         )
-    return shifted_batch([store.ids(int(i)) for i in mb.indices], bos_id, pad_id)
+    inputs, targets = shifted_batch([store.ids(int(i)) for i in mb.indices], bos_id, pad_id)
+    if mb.carry is not None:
+        for r in np.flatnonzero(mb.carry):  # the chunk before is the example before (data_prep's row order)
+            inputs[r, 0] = int(store.ids(int(mb.indices[r]) - 1)[-1])
+    return inputs, targets
 
 
 def shifted_batch(seqs: Sequence, bos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

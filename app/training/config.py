@@ -89,6 +89,10 @@ class TrainConfig:
     """fp32, bf16 or fp16: written into the DeepSpeed config's bf16/fp16 sections; default: what it enables."""
     tokens_per_micro_batch: int = 0
     """Token budget per micro-batch: shorter buckets get more sequences (0: fixed micro-batch size)."""
+    carry_state: bool = False
+    """Truncated BPTT across chunks: a document longer than the data's max_seq_len is trained as its chunks in
+    order, in one row of one micro-batch slot, each chunk starting from the recurrent state the one before
+    ended with (detached); one-chunk documents are bucketed as without it. Off: every chunk from a zero state."""
     max_consecutive_skips: int = 8
     """Stop the run after this many consecutive skipped (non-finite) steps."""
     test_eval: bool = True

@@ -26,8 +26,9 @@ class EvalConfig:
     text_chunk_len: int = 256
     """--text files are read in pieces of this many tokens, each from a fresh state after BOS."""
     stream: bool = True
-    """Also score each --text file as one stream, the state carried from piece to piece (every token
-    predicted from the whole file before it), beside the pieces' figure; on rank 0."""
+    """Also score each --text file, and each document of --split, as one stream, the state carried from
+    piece to piece (every token predicted from the whole file or document before it), beside the pieces'
+    figure; on rank 0."""
     pipeline_stages: int = 1
     """Pipeline stages P for the evaluation (world size / P data-parallel replicas); any P works with any
     checkpoint."""

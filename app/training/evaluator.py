@@ -29,7 +29,7 @@ from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic
 from app.training.eval_config import EvalConfig
 from app.training.evaluation import EvalResult, evaluate
 from app.training.run_data import open_prepared
-from app.training.stream_eval import STREAM_COLUMNS, stream_fields, stream_nats
+from app.training.stream_eval import STREAM_COLUMNS, split_documents, stream_fields, stream_nats
 
 
 def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
@@ -165,7 +165,9 @@ class Evaluator:
         )
         self.engine.module.load_state_dict(to_module_state(self.full, self.engine.module), strict=True)
         self.stream = None
-        if self.cfg.stream and self.texts and self.rank == 0:  # one process reads each text in order
+        if (
+            self.cfg.stream and (self.texts or self.data) and self.rank == 0
+        ):  # one process reads each in order
             self.stream = Decoder(self.src.load_model(state=self.full))
         del self.full
         self.dynamic = None
@@ -200,6 +202,14 @@ class Evaluator:
         res = stream_nats(self.stream, [ids], t.bos_id, t.pad_id, self.cfg.text_chunk_len, rows=1)
         return stream_fields(res, num_bytes)
 
+    def _split_stream(self, store: TokenStore, num_bytes: int) -> dict:
+        """The split's documents, each read as one stream (its chunks in order, the state carried)."""
+        t = self.tokenizer
+        seqs = split_documents(store, t.eos_id)
+        return stream_fields(
+            stream_nats(self.stream, seqs, t.bos_id, t.pad_id, self.cfg.text_chunk_len), num_bytes
+        )
+
     def run(self) -> tuple[dict, list[dict]]:
         """-> (the JSON result, one table row per evaluated source)."""
         cfg, src, lay = self.cfg, self.src, self.layout
@@ -223,6 +233,9 @@ class Evaluator:
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
+            if self.stream is not None:
+                rows[-1].update(self._split_stream(store, res.num_bytes))
+                result.update({f"{cfg.split}/{k}": v for k, v in rows[-1].items() if k.startswith("stream")})
             if self.dynamic is not None:
                 seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
                 dyn = self._with_dynamic(rows[-1], seqs, res.num_bytes)

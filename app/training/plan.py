@@ -92,7 +92,7 @@ def plan_run(
         global_batch=layout.train_batch,
         precision=layout.precision,
     )
-    data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch)
+    data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch, cfg.carry_state)
     steps_per_epoch = data.schedule("train").steps_per_epoch
     total_steps: int | None = cfg.max_steps
     if cfg.max_steps is None and (cfg.epochs or cfg.time_budget is None):

@@ -6,6 +6,7 @@ from app.common.errors import UserError
 from app.common.files import check_inside
 from app.parallel.layout import Layout
 from app.training.batching import BucketSchedule, TokenStore
+from app.training.carry_schedule import CarrySchedule
 from data_prep.format import PreparedDataError, load_prepared
 
 
@@ -32,8 +33,12 @@ class RunData:
         self._stores: dict[str, TokenStore] = {}
         self._schedules: dict[str, BucketSchedule] = {}
 
-    def configure(self, layout: Layout, seed: int, tokens_per_micro_batch: int) -> None:
-        """Fix the batch arithmetic every schedule uses (known once the process group exists)."""
+    def configure(
+        self, layout: Layout, seed: int, tokens_per_micro_batch: int, carry_state: bool = False
+    ) -> None:
+        """Fix the batch arithmetic every schedule uses (known once the process group exists); with
+        `carry_state` the train split's long documents are planned as streams (`CarrySchedule`)."""
+        self.carry_state = carry_state
         self._batch_args = dict(
             micro_batch=layout.micro_batch,
             grad_accum=layout.grad_accum,
@@ -62,9 +67,14 @@ class RunData:
         """Train batches are shuffled per epoch; evaluation walks its split in order."""
         assert self._batch_args is not None, "configure() first"
         if split not in self._schedules:
-            self._schedules[split] = BucketSchedule(
-                self.store(split), self.prepared.meta["buckets"], shuffle=split == "train", **self._batch_args
-            )
+            bounds = self.prepared.meta["buckets"]
+            if split == "train" and self.carry_state:
+                made = CarrySchedule(
+                    self.store(split), bounds, eos_id=self.tokenizer["eos_id"], **self._batch_args
+                )
+            else:
+                made = BucketSchedule(self.store(split), bounds, shuffle=split == "train", **self._batch_args)
+            self._schedules[split] = made
         return self._schedules[split]
 
     def describe(self) -> dict:

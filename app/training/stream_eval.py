@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from app.generation.decoder import Decoder
 from app.model.loss import IGNORE_INDEX
-from app.training.batching import shifted_batch
+from app.training.batching import TokenStore, shifted_batch
+from app.training.carry_schedule import chains
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,16 @@ def stream_nats(
             nats += float(F.cross_entropy(logits, tgt.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
         tokens += int((targets != IGNORE_INDEX).sum())
     return StreamResult(nats, tokens, time.perf_counter() - t0)
+
+
+def split_documents(store: TokenStore, eos_id: int) -> list[np.ndarray]:
+    """A prepared split's documents, each its chunks joined in order (data_prep writes them as consecutive
+    examples; `chains` finds them), so that a split can be scored as streams."""
+    starts = np.flatnonzero(~chains(store, eos_id)).tolist()
+    ends = [*starts[1:], len(store)]
+    return [
+        np.concatenate([store.ids(i) for i in range(a, b)]).astype(np.int64) for a, b in zip(starts, ends)
+    ]
 
 
 STREAM_COLUMNS = ("stream bits/byte",)

@@ -45,6 +45,7 @@ from app.parallel.runtime import (
     seed_everything,
     set_threads,
 )
+from app.training import carry_state
 from app.training.artifacts import log_model_artifact
 from app.training.batching import collate
 from app.training.config import TrainConfig
@@ -149,6 +150,7 @@ class Trainer:
             where = f", as recorded in {tag}" if recorded_costs else ""
             self._info(f"stages hold layers {stages} (--partition-method {cfg.partition_method}{where})")
         self.n_params = self._count_parameters()
+        self._carried = carry_state.attach(self.engine.module) if cfg.carry_state else None
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             ckpt.prune(self.root, keep_last=10**9)  # drop saves a crash interrupted; complete ones stay
@@ -250,6 +252,13 @@ class Trainer:
             self.engine.ds.load_checkpoint(str(where), tag=tag)
         if (self.root / tag / f"rng_rank{self.rank}.json").exists():  # a rank the writing layout had
             ckpt.set_rng_state(ckpt.read_rank_state(self.root / tag, self.rank))
+        if self._carried is not None and (
+            self._universal
+            or not carry_state.load(self._carried, self.root / tag, self.rank, self.engine.device)
+        ):
+            self._info(
+                f"--carry-state: no carried state in {tag} for this layout; every stream restarts from zero"
+            )
         self.state = TrainState(
             step=saved["step"],
             skipped_total=saved["skipped_total"],
@@ -394,6 +403,8 @@ class Trainer:
         tokens = sum(mb.tokens for mb in global_mbs)
         schedule, store = self.data.schedule("train"), self.data.store("train")
         mine = schedule.for_rank(global_mbs, self.engine.dp_rank)
+        if self._carried is not None:
+            carry_state.begin_step(self._carried, mine, self.engine.device)
         batches = None
         if self.engine.needs_data:
             batches = [collate(store, mb, self.data.bos, self.data.pad) for mb in mine]
@@ -510,6 +521,8 @@ class Trainer:
             deepspeed_save(self.engine.ds, self.root, tag)
             ckpt.write_rank_state(self.root / tag, self.rank)
             faults.enospc_in_save(st.step, self.root / tag)
+            if self._carried is not None:
+                carry_state.save(self._carried, self.root / tag, self.rank)
             faults.crash_in_save(st.step)
 
         def commit() -> None:
