@@ -163,7 +163,7 @@ def test_sentencepiece_on_real_text(variants, tmp_path, name, doc_split):
     from data_prep.tokenizer import load_tokenizer_from_dir
 
     out = tmp_path / "o"
-    vocab = "2000" if name.startswith("ja") or name.startswith("jsonl") else "400"
+    vocab = "2500" if name.startswith("ja") or name.startswith("jsonl") else "400"
     meta = _prep(variants[name], out, "--vocab-size", vocab, "--doc-split", doc_split, "--num-proc", "2")
     data, tok = load_prepared(out), load_tokenizer_from_dir(out)
     assert meta["tokenizer"]["type"] == "sentencepiece"
