@@ -51,7 +51,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if [ "${DRY_RUN:-0}" != 1 ]; then python3 "$ROOT/launch/compat_pins.py" "$END" > "$pins"; fi
   run "$VENV/bin/python" -m pip install --quiet --upgrade "${torch_index[@]}" "$TORCH_SPEC"
   if [ "${DRY_RUN:-0}" != 1 ]; then  # keep that build: an eager upgrade would take PyPI's (CUDA) torch
-    echo "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')" >> "$pins"
+    # the installed distribution's version: PyPI's CUDA builds say 2.6.0 there but 2.6.0+cu124 in __version__
+    echo "torch==$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')" >> "$pins"
   fi
   run "$VENV/bin/python" -m pip install --quiet --upgrade --upgrade-strategy eager -c "$pins" -e "$ROOT[dev]"
   [ "${DRY_RUN:-0}" = 1 ] || echo "$want" > "$stamp"

@@ -17,7 +17,7 @@ import torch
 
 from app.model import fused_core, matmul
 from app.model.config import ModelConfig, debug_config
-from app.model.core import mlstm_sequence
+from app.model.core import mlstm_prefill, mlstm_sequence, mlstm_sequence_from
 from app.model.fused_core import fused_ops
 from app.model.reference import naive_mlstm
 from app.parallel.pipeline import build_sequential
@@ -41,18 +41,22 @@ def inputs(B, T, D, H, seed):
     return x, ws
 
 
-def run(core, x, ws, gy, cdt):
-    """h and the gradients of <h, gy> w.r.t. every input, operands cast to cdt (bias stays fp32/fp64)."""
-    state = torch.float64 if cdt == torch.float64 else torch.float32
-    dts = [cdt, cdt, state, cdt, cdt]
+def run(core, x, ws, gy, cdt, state=None):
+    """h and the gradients of <h, gy> w.r.t. every input, operands cast to cdt (bias stays fp32/fp64);
+    from `state` (h_0, c_0), a constant, where given (h_0 rounded to cdt, c_0 to the state dtype)."""
+    sdt = torch.float64 if cdt == torch.float64 else torch.float32
+    dts = [cdt, cdt, sdt, cdt, cdt]
     leaves = [t.to(dt, copy=True).requires_grad_() for t, dt in zip([x, *ws], dts, strict=True)]
     if core == "reference":  # the equations, float64 autograd, on the same (rounded) operands
         d = [t.detach().double().requires_grad_() for t in leaves]
         H = ws[2].shape[0]
-        y = naive_mlstm(d[0], d[1][:H], d[1][H:], d[2], d[3], d[4])
+        s0 = None if state is None else (state[0].to(cdt).double(), state[1].to(sdt).double())
+        y = naive_mlstm(d[0], d[1][:H], d[1][H:], d[2], d[3], d[4], state=s0)
         leaves = d
-    else:
+    elif state is None:
         y = mlstm_sequence(*leaves, core=core)
+    else:
+        y, _ = mlstm_sequence_from(leaves[0], state, *leaves[1:], core=core)
     y.backward(gy.to(y.dtype))
     return [y.detach().double()] + [t.grad.double() for t in leaves]
 
@@ -102,6 +106,59 @@ def test_fused_bf16_operands_fp32_state(shape):
         err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
         assert err_f <= 2 * err_p + 8e-3 * scale, f"bf16 {name}: fused err {err_f:.3g} vs python {err_p:.3g}"
         torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * scale, msg=lambda m, n=name: f"bf16 {n}: {m}")
+
+
+def random_state(B: int, H: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A non-zero (h_0, c_0) as a trained layer leaves it: h in (-1, 1), c unbounded."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, generator=g, dtype=torch.float64).tanh(), 2 * torch.randn(B, H, generator=g)
+
+
+@pytest.mark.parametrize("cdt", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 3, 5), (3, 6, 20, 17), (8, 4, 24, 520)], ids=str)
+def test_fused_from_a_carried_state_matches_float64_equations(shape, cdt):
+    """--carry-state and dynamic evaluation: h and every gradient from a non-zero (h_0, c_0), fresh random
+    inputs; the tolerances of the zero-state tests above, per dtype."""
+    B, T, D, H = shape
+    seed = int(torch.randint(1 << 30, ()))
+    x, ws = inputs(B, T, D, H, seed=seed)
+    state = random_state(B, H, seed + 1)
+    gy = torch.randn(B, T, H, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
+    ref = run("reference", x, ws, gy, cdt, state)
+    fused, py = run("fused", x, ws, gy, cdt, state), run("python", x, ws, gy, cdt, state)
+    floor, tol = {torch.float64: (0.0, 1e-10), torch.float32: (1e-6, 1e-4), torch.bfloat16: (8e-3, 5e-2)}[cdt]
+    for name, a, p, b in zip(NAMES, fused, py, ref, strict=True):
+        scale = max(1.0, b.abs().max().item())
+        err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
+        assert err_f <= 2 * err_p + floor * scale + 1e-12, (
+            f"{cdt} {name}: fused {err_f:.3g} vs python {err_p:.3g}"
+        )
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * scale, msg=lambda m, n=name: f"{cdt} {n}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_chunks_with_the_state_carried_on_the_fused_loop_equal_one_pass(dtype):
+    """A sequence cut in two, the second piece started from the first's state (a stream scored chunk by
+    chunk; training's carried rows), equals one pass over the whole in float64: c_T is carried right too.
+    Rows of unequal length in the second piece: each row's state at its own end, as the Python loop's."""
+    B, T, D, H, cut = 3, 9, 7, 13, 4
+    x, ws = inputs(B, T, D, H, seed=int(torch.randint(1 << 30, ())))
+    whole = naive_mlstm(x, ws[0][:H], ws[0][H:], *ws[1:])  # float64
+    x, ws = x.to(dtype), [w.to(dtype) for w in ws]
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    y1, s1 = mlstm_prefill(x[:, :cut], torch.full((B,), cut), *ws, core="fused")
+    y2, _ = mlstm_prefill(x[:, cut:], torch.full((B,), T - cut), *ws, state=s1, core="fused")
+    torch.testing.assert_close(torch.cat((y1, y2), 1).double(), whole, **tol)
+    with torch.no_grad():
+        h1, t1 = mlstm_sequence_from(x[:, :cut], (torch.zeros(B, H), torch.zeros(B, H)), *ws, core="fused")
+        h2, _ = mlstm_sequence_from(x[:, cut:], t1, *ws, core="fused")
+    torch.testing.assert_close(torch.cat((h1, h2), 1).double(), whole, **tol)
+    lengths = torch.tensor([5, 2, 0])  # 0: the row's state is the one it came in with
+    _, (h_f, c_f) = mlstm_prefill(x[:, cut:], lengths, *ws, state=s1, core="fused")
+    _, (h_p, c_p) = mlstm_prefill(x[:, cut:], lengths, *ws, state=s1, core="python")
+    torch.testing.assert_close(h_f, h_p, **tol)
+    torch.testing.assert_close(c_f, c_p, **tol)
+    torch.testing.assert_close(h_f[2], s1[0][2], rtol=0, atol=0)
 
 
 LEVELS = {0: "base", 1: "avx2", 2: "avx512"}
@@ -321,8 +378,6 @@ def test_kernel_table_round_trips_through_a_checkpoint_without_measuring(monkeyp
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_prefill_from_zero_state_on_the_fused_loop_equals_the_python_one(dtype):
     """Right-padded rows of unequal length: outputs and each row's (h, c) at its own end (features, prompts)."""
-    from app.model.core import mlstm_prefill
-
     x, ws = inputs(3, 9, 7, 13, seed=int(torch.randint(1 << 30, ())))
     x, ws = x.to(dtype), [w.to(dtype) for w in ws]
     lengths = torch.tensor([9, 4, 1])

@@ -17,14 +17,15 @@ from test_evaluate import evaluate_cli
 
 from app.evaluate import main as evaluate_main
 from app.model.config import debug_config
+from app.model.core import mlstm_sequence_from
 from app.model.layers import RecurrentLayer
-from app.model.mlstm_core import mlstm_sequence_from
 from app.training.dynamic_eval import DynamicEvaluator
 
 
-def test_cell_from_a_state_has_exact_weight_gradients():
-    """Fresh random float64 inputs and a non-zero starting state: the custom backward agrees with finite
-    differences for x and every weight."""
+@pytest.mark.parametrize("core", ["python", "fused"])
+def test_cell_from_a_state_has_exact_weight_gradients(core):
+    """Fresh random float64 inputs and a non-zero starting state: the custom backward (the Python loop's,
+    the fused CPU loop's) agrees with finite differences for x and every weight."""
     g = torch.Generator().manual_seed(random.randrange(1 << 30))
     B, T, D, H = 2, 5, 3, 4
 
@@ -36,7 +37,9 @@ def test_cell_from_a_state_has_exact_weight_gradients():
         torch.randn(B, H, generator=g, dtype=torch.float64).tanh(),
         torch.randn(B, H, generator=g).double(),
     )
-    assert torch.autograd.gradcheck(lambda *a: mlstm_sequence_from(a[0], state, *a[1:])[0], (x, *ws))
+    assert torch.autograd.gradcheck(
+        lambda *a: mlstm_sequence_from(a[0], state, *a[1:], core=core)[0], (x, *ws)
+    )
 
 
 @pytest.mark.parametrize("cell", ["mlstm", "lstm"])

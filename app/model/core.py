@@ -21,7 +21,7 @@ import torch
 
 from app.model import fused_core, mlstm_core, triton_core
 from app.model.config import CORES
-from app.model.mlstm_core import MLSTMFunction, state_dtype
+from app.model.mlstm_core import MLSTMFromState, MLSTMFunction, state_dtype
 
 log = logging.getLogger(__name__)
 _logged: set = set()
@@ -78,9 +78,31 @@ def mlstm_prefill(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     core: str = "auto",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """`mlstm_core.mlstm_prefill` (inference: h (B, T, H) and the state after row b's lengths[b] steps); from
-    a zero state on the CPU's compiled loop where `core` picks it (it keeps every c_t, as training's does)."""
-    if state is None and core != "python" and select(core, x, w_mh) is fused_core.FusedMLSTMFunction:
+    """`mlstm_core.mlstm_prefill` (inference: h (B, T, H) and the state after row b's lengths[b] steps), on the
+    CPU's compiled loop where `core` picks it (it keeps every c_t, as training's does), from a zero or a
+    given state (a text scored as one stream, chunk after chunk; generation's prompt after a context)."""
+    if core != "python" and select(core, x, w_mh) is fused_core.FusedMLSTMFunction:
         bias = bias.to(state_dtype(x.dtype))
-        return fused_core.fused_prefill(x, w_in, bias, w_mh, w_m, lengths.to(x.device))
+        return fused_core.fused_prefill(x, w_in, bias, w_mh, w_m, lengths.to(x.device), state)
     return mlstm_core.mlstm_prefill(x, lengths, w_in, bias, w_mh, w_m, state)
+
+
+def mlstm_sequence_from(
+    x: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor],
+    w_in: torch.Tensor,
+    bias: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    core: str = "auto",
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """x (B, T, in) from state (h_0, c_0) -> (h (B, T, H), (h_T, c_T)), with weight gradients only (the state
+    enters as a constant: truncated backpropagation through time, for --carry-state and dynamic evaluation).
+    The fused CPU loop where `core` picks it; elsewhere (CUDA: the Triton kernels start from zero) the
+    reference. Operands in the compute dtype; the state is cast to it (h) and to the state dtype (c)."""
+    sdt = state_dtype(x.dtype)
+    fn = select(core, x, w_mh) if core != "python" else MLSTMFunction
+    from_state = fused_core.FusedMLSTMFromState if fn is fused_core.FusedMLSTMFunction else MLSTMFromState
+    h0, c0 = state[0].detach().to(x.dtype), state[1].detach().to(sdt)
+    h, c_last = from_state.apply(x, w_in, bias.to(sdt), w_mh, w_m, h0, c0)
+    return h, (h[:, -1].detach(), c_last)

@@ -160,9 +160,9 @@ def build_error() -> str | None:
     return _state.get("error")
 
 
-def _forward(x, w_in, bias, w_mh, w_m):
-    """The op's forward over x (B, T, in) from a zero state -> (xt (T*B, in), [y (B, T, H), hs, cs, tcs, gates,
-    ms, rs, pms]): what backward keeps, and the states a prefill picks from."""
+def _forward(x, w_in, bias, w_mh, w_m, state=None):
+    """The op's forward over x (B, T, in) from `state` (h_0, c_0), zero when None -> (xt (T*B, in), [y (B, T, H),
+    hs, cs, tcs, gates, ms, rs, pms]): what backward keeps, and the states a prefill picks from."""
     B, T, D = x.shape
     H = w_mh.shape[0]
     sdt, cdt = bias.dtype, w_mh.dtype
@@ -177,15 +177,16 @@ def _forward(x, w_in, bias, w_mh, w_m):
     proj = proj.view(T, B, 5 * H)
     # each per-step product on the path measured fastest for its shape (app/model/matmul.py)
     path_r, path_g = _path_code(B, H, H, cdt), _path_code(B, H, 4 * H, cdt)
-    outs = ops.forward(proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g)  # y (B, T, H) first
+    h0, c0 = (None, None) if state is None else (state[0].to(cdt), state[1].to(sdt))
+    outs = ops.forward(proj.transpose(0, 1), bias, w_mh, w_m, path_r, path_g, h0, c0)  # y (B, T, H) first
     return xt, outs
 
 
 @torch.no_grad()
-def fused_prefill(x, w_in, bias, w_mh, w_m, lengths):
-    """Inference from a zero state: x (B, T, in) -> (h (B, T, H), (h, c) after row b's lengths[b] steps),
-    `mlstm_core.mlstm_prefill`'s contract on the compiled loop."""
-    _, (y, hs, cs, *_) = _forward(x, w_in, bias, w_mh, w_m)
+def fused_prefill(x, w_in, bias, w_mh, w_m, lengths, state=None):
+    """Inference from `state` (zero when None): x (B, T, in) -> (h (B, T, H), (h, c) after row b's lengths[b]
+    steps), `mlstm_core.mlstm_prefill`'s contract on the compiled loop."""
+    _, (y, hs, cs, *_) = _forward(x, w_in, bias, w_mh, w_m, state)
     rows = torch.arange(x.shape[0], device=x.device)
     return y, (hs[lengths, rows].clone(), cs[lengths, rows].clone())
 
@@ -222,3 +223,21 @@ class FusedMLSTMFunction(torch.autograd.Function):
             )  # (T*B, D), K = 5H
             dx = dx.view(T, B, D).transpose(0, 1)  # (B, T, D)
         return dx, d_w_in, d_bias, d_w_mh, d_w_m
+
+
+class FusedMLSTMFromState(FusedMLSTMFunction):
+    """(x, w_in, bias, w_mh, w_m, h_0, c_0) -> (h for all steps, c_T): `mlstm_core.MLSTMFromState`'s contract
+    on the compiled loop. The state enters as a constant; the weight gradients are FusedMLSTMFunction's
+    backward, which reads h_0 and c_0 from the saved hs[0] / cs[0] as it reads every later state."""
+
+    @staticmethod
+    def forward(ctx, x, w_in, bias, w_mh, w_m, h0, c0):
+        xt, (y, hs, cs, tcs, gates, ms, rs, pms) = _forward(x, w_in, bias, w_mh, w_m, (h0, c0))
+        ctx.save_for_backward(xt, w_in, w_mh, w_m, pms, gates, cs, tcs, rs, ms, hs)
+        c_last = cs[-1].clone()  # (B, H)
+        ctx.mark_non_differentiable(c_last)
+        return y, c_last  # (B, T, H), (B, H)
+
+    @staticmethod
+    def backward(ctx, dy, _dc_last):
+        return (*FusedMLSTMFunction.backward(ctx, dy), None, None)

@@ -23,8 +23,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.model.carry import CarriedState
 from app.model.config import ModelConfig
-from app.model.core import mlstm_prefill, mlstm_sequence
-from app.model.mlstm_core import mlstm_sequence_from, mlstm_step, state_dtype
+from app.model.core import mlstm_prefill, mlstm_sequence, mlstm_sequence_from
+from app.model.mlstm_core import mlstm_step, state_dtype
 from app.model.weight_norm import weight_normed
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -142,10 +142,9 @@ class RecurrentLayer(nn.Module):
         return self._finish(x, h).contiguous()
 
     def _forward_carried(self, x: torch.Tensor, slot: int, mask: torch.Tensor) -> torch.Tensor:
-        """The reference loop from the carried state, in x's dtype (autocast off: it is not autocast-aware)."""
+        """Rows the mask marks start from the state the slot's row ended with, the others from zero."""
         zero = self.init_state(x.shape[0], x.device, state_dtype(x.dtype))
-        with torch.autocast(x.device.type, enabled=False):
-            y, state = self.forward_from(x, self.carry.initial(slot, mask, zero))
+        y, state = self.forward_from(x, self.carry.initial(slot, mask, zero))
         self.carry.keep(slot, state)
         return y
 
@@ -156,8 +155,13 @@ class RecurrentLayer(nn.Module):
         if self.cell == "lstm":
             h, (h_n, c_n) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))  # (B, T, H)
             return self._finish(x, h).contiguous(), (h_n[0].detach(), c_n[0].detach())
+        dev = x.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         w_in, w_mh, w_m = self.weights()
-        h, new_state = mlstm_sequence_from(x, state, w_in, self.bias, w_mh, w_m)  # (B, T, H)
+        with torch.autocast(dev, enabled=False):  # as `forward`: operands cast once, the core in cdt
+            h, new_state = mlstm_sequence_from(
+                x.to(cdt), state, w_in.to(cdt), self.bias, w_mh.to(cdt), w_m.to(cdt), self.core
+            )  # (B, T, H)
         return self._finish(x, h).contiguous(), new_state
 
     def init_state(self, batch: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> State:

@@ -191,15 +191,6 @@ class MLSTMFromState(MLSTMFunction):
         return (*MLSTMFunction.backward(ctx, dy), None, None)
 
 
-def mlstm_sequence_from(
-    x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], w_in, bias, w_mh, w_m
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """x (B, T, in) from state (h_0, c_0) -> (h (B, T, H), (h_T, c_T)); gradients reach the weights only."""
-    h0, c0 = (s.detach() for s in state)
-    h, c_last = MLSTMFromState.apply(x, w_in, bias.to(state_dtype(x.dtype)), w_mh, w_m, h0, c0)
-    return h, (h[:, -1].detach(), c_last)
-
-
 @torch.no_grad()
 def mlstm_prefill(
     x: torch.Tensor,

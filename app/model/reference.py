@@ -16,12 +16,13 @@ def naive_mlstm(
     bias: torch.Tensor,
     w_mh: torch.Tensor,
     w_m: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """x (B, T, in) -> h (B, T, H); w_mx (H, in), w_x (4H, in) rows i, f, o, u; w_mh (H, H); w_m (4H, H)."""
+    """x (B, T, in) -> h (B, T, H) from `state` (h_0, c_0), zero when None; w_mx (H, in), w_x (4H, in) rows
+    i, f, o, u; w_mh (H, H); w_m (4H, H)."""
     B, T, _ = x.shape
     H = w_mh.shape[0]
-    h = x.new_zeros(B, H)
-    c = x.new_zeros(B, H)
+    h, c = (x.new_zeros(B, H), x.new_zeros(B, H)) if state is None else state
     outs = []
     for t in range(T):
         x_t = x[:, t]  # (B, in)

@@ -281,7 +281,8 @@ struct Product {
 
 template <class C, class S>
 std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& bias, const at::Tensor& w_mh,
-                                     const at::Tensor& w_m, int64_t path_r, int64_t path_g) {
+                                     const at::Tensor& w_m, int64_t path_r, int64_t path_g,
+                                     const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0) {
   using CT = typename C::T;
   using ST = typename S::T;
   const auto& F = fns<C, S>();
@@ -290,8 +291,11 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& proj, const at::Tensor& b
   auto y = pooled({B, T, H}, cd);          // h_1 .. h_T in the caller's layout
   auto hs = pooled({T + 1, B, H}, cd);     // h_0 .. h_T, matmul operands
   auto cs = pooled({T + 1, B, H}, sd);     // c_0 .. c_T
-  hs.select(0, 0).zero_();
-  cs.select(0, 0).zero_();
+  // the initial state (h_0, c_0): given (a carried state), else zero; backward reads it from hs[0] / cs[0]
+  if (h0) hs.select(0, 0).copy_(*h0);
+  else hs.select(0, 0).zero_();
+  if (c0) cs.select(0, 0).copy_(*c0);
+  else cs.select(0, 0).zero_();
   auto tcs = pooled({T, B, H}, sd);        // tanh(c_t)
   auto gates = pooled({T, B, 4 * H}, sd);  // activated [si, sf, so, tu]
   auto ms = pooled({T, B, H}, cd);         // m_t
@@ -512,20 +516,30 @@ void check_weights(const at::Tensor& w_mh, const at::Tensor& w_m, int64_t H) {
 
 // proj (B, T, 5H) = [W_mx x_t | W_x x_t] in the state dtype, any strides with unit stride in the last dim
 // (the caller passes a (T, B) buffer seen as (B, T): one step's rows are then contiguous);
-// bias (4H,) state dtype; w_mh (H, H) and w_m (4H, H) in the compute dtype. Returns y (B, T, H) = h_1..h_T,
+// bias (4H,) state dtype; w_mh (H, H) and w_m (4H, H) in the compute dtype; h0 / c0 (B, H) the initial state
+// (zero where not given), h0 in the compute dtype, c0 in the state dtype. Returns y (B, T, H) = h_1..h_T,
 // and for backward hs (T+1, B, H) h_0..h_T, cs (T+1, B, H) c_0..c_T, tcs (T, B, H) tanh c_t, gates
 // (T, B, 4H), ms (T, B, H) m_t, rs (T, B, H) W_mh h_{t-1}, pms (T, B, H) W_mx x_t. path_r / path_g: the
 // path of the product W_mh h / W_m m (0 mm, 1 oneDNN, 2 + i packed with tile i of the active ISA level).
 std::vector<at::Tensor> forward(const at::Tensor& proj_, const at::Tensor& bias_, const at::Tensor& w_mh_,
-                                const at::Tensor& w_m_, int64_t path_r, int64_t path_g) {
+                                const at::Tensor& w_m_, int64_t path_r, int64_t path_g,
+                                const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0) {
   check(proj_.device().is_cpu() && proj_.dim() == 3 && proj_.size(2) % 5 == 0, "proj (B, T, 5H) on CPU");
   const int64_t H = proj_.size(2) / 5;
   check_weights(w_mh_, w_m_, H);
   auto proj = proj_.stride(2) == 1 ? proj_ : proj_.contiguous();
   auto bias = bias_.contiguous(), w_mh = w_mh_.contiguous(), w_m = w_m_.contiguous();
   check(bias.scalar_type() == proj.scalar_type() && bias.numel() == 4 * H, "bias (4H,) in the state dtype");
+  const int64_t B = proj.size(0);
+  auto state_ok = [&](const std::optional<at::Tensor>& s, at::ScalarType dt) {
+    return !s || (s->device().is_cpu() && s->dim() == 2 && s->size(0) == B && s->size(1) == H &&
+                  s->scalar_type() == dt);
+  };
+  check(state_ok(h0, w_mh.scalar_type()), "h0 (B, H) in the compute dtype");
+  check(state_ok(c0, proj.scalar_type()), "c0 (B, H) in the state dtype");
   at::NoGradGuard no_grad;
-  MLSTM_DISPATCH(w_mh.scalar_type(), proj.scalar_type(), forward_impl, proj, bias, w_mh, w_m, path_r, path_g)
+  MLSTM_DISPATCH(w_mh.scalar_type(), proj.scalar_type(), forward_impl, proj, bias, w_mh, w_m, path_r, path_g, h0,
+                 c0)
 }
 
 // dy (B, T, H) state dtype (any strides with unit stride in the last dim) and the forward's saved tensors
@@ -612,7 +626,9 @@ std::vector<std::string> isa(int64_t level) {
 using namespace mlstm_k;
 
 TORCH_LIBRARY(mlstm_cpu, m) {
-  m.def("forward(Tensor proj, Tensor bias, Tensor w_mh, Tensor w_m, int path_r, int path_g) -> Tensor[]");
+  m.def(
+      "forward(Tensor proj, Tensor bias, Tensor w_mh, Tensor w_m, int path_r, int path_g, Tensor? h0=None, "
+      "Tensor? c0=None) -> Tensor[]");
   m.def(
       "backward(Tensor dyt, Tensor gates, Tensor cs, Tensor tcs, Tensor rs, Tensor pm, Tensor w_mh, "
       "Tensor w_m, int path_m, int path_h) -> Tensor[]");
