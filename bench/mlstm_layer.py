@@ -6,6 +6,8 @@
 Contenders at each size (input width = hidden width H):
     fused_fp32 / fused_bf16    RecurrentLayer (mLSTM, weight norm on), core="fused" (compiled time loop)
     python_fp32 / python_bf16  the same layer with core="python" (the Python-loop core)
+    fused_carried_fp32 / python_carried_fp32  the same layers from a non-zero (h_0, c_0) (`forward_from`:
+                               --carry-state's continuing rows, dynamic evaluation)
     naive_fp32                 the equations stepped in Python with autograd (how the anchors run it)
     torch_lstm_fp32 / _bf16    torch's fused nn.LSTM at the same H (a different, cheaper cell)
 A contender this machine cannot run (no compiler for the fused core, no oneDNN bf16 LSTM primitive on
@@ -16,7 +18,7 @@ in the same round-robin as the contenders (the 2-core box is shared, so load hit
 
 Model FLOPs count matmuls only, training = 3x forward: mLSTM 3 * 20 H^2 per token, LSTM 3 * 16 H^2.
 `mfu` = model FLOP/s / measured peak of the precision used. `vs_python` = fused_fp32 / python_fp32
-tokens/s, `vs_naive` = fused_fp32 / naive_fp32; `vs_torch_lstm_per_flop` = fused_fp32 /
+tokens/s (`carried_vs_python` the same from a carried state), `vs_naive` = fused_fp32 / naive_fp32; `vs_torch_lstm_per_flop` = fused_fp32 /
 torch_lstm_fp32 model FLOP/s (`python_vs_torch_lstm_per_flop` the same for the Python core).
 `loop_ms` / `outside_loop_ms`: the best fused_fp32 step's time inside the compiled time loop and outside
 it (bench/loop_clock.py). `vs_python_ceiling` / `vs_torch_lstm_per_flop_ceiling`: the two ratios that step
@@ -64,6 +66,8 @@ KINDS = [
     "fused_bf16",
     "python_fp32",
     "python_bf16",
+    "fused_carried_fp32",
+    "python_carried_fp32",
     "naive_fp32",
     "torch_lstm_fp32",
     "torch_lstm_bf16",
@@ -137,7 +141,15 @@ def make_step(kind: str, B: int, T: int, H: int) -> tuple[Callable[[], None], Ca
     if kind.startswith(("fused", "python")):
         core = kind.split("_")[0]
         layer = RecurrentLayer(debug_config(embed_dim=H, hidden_dim=H, num_layers=1, core=core), 0).to(DEVICE)
-        fwd = lambda: layer(x)  # noqa: E731
+        if "_carried" in kind:
+            g = torch.Generator(device=DEVICE).manual_seed(1)
+            state = (
+                torch.rand(B, H, device=DEVICE, generator=g) - 0.5,
+                torch.randn(B, H, device=DEVICE, generator=g),
+            )
+            fwd = lambda: layer.forward_from(x, state)[0]  # noqa: E731
+        else:
+            fwd = lambda: layer(x)  # noqa: E731
     elif kind.startswith("torch_lstm"):
         lstm = torch.nn.LSTM(H, H, batch_first=True).to(DEVICE)
         fwd = lambda: lstm(x)[0]  # noqa: E731
@@ -236,6 +248,7 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
                 "python_fp32": ratio(gflops["python_fp32"], peak["fp32"])},
         "vs_python": ratio(tok_s["fused_fp32"], tok_s["python_fp32"]),
         "vs_python_bf16": ratio(tok_s["fused_bf16"], tok_s["python_bf16"]),
+        "carried_vs_python": ratio(tok_s["fused_carried_fp32"], tok_s["python_carried_fp32"]),
         "vs_naive": ratio(tok_s["fused_fp32"], tok_s["naive_fp32"]),
         "vs_torch_lstm_per_flop": ratio(gflops["fused_fp32"], gflops["torch_lstm_fp32"]),
         "python_vs_torch_lstm_per_flop": ratio(gflops["python_fp32"], gflops["torch_lstm_fp32"]),

@@ -62,6 +62,11 @@ if [ "${DRY_RUN:-0}" != 1 ]; then
     grep -iE '^(torch|deepspeed|transformers|huggingface.hub|tokenizers|datasets|pyarrow|numpy|wandb)==' | tr '\n' ' ')
 fi
 export PATH="$VENV/bin:$PATH" WANDB_SILENT="${WANDB_SILENT:-true}" TOKENIZERS_PARALLELISM=false
+# The launch scripts some tests run (sbatch, hostfile launches) source launch/setup_env.sh: point it at this
+# environment, marked up to date, or it would reinstall <repo>/.venv with this end's TORCH_SPEC (seen here)
+export VENV TORCH_SPEC
+[ "${DRY_RUN:-0}" = 1 ] || (cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1 \
+  > "$VENV/.mlstm-ds-installed"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-$("$VENV/bin/python" -c 'import torch; print("" if torch.accelerator.is_available() else "cpu")' 2>/dev/null || echo cpu)}"
 [ -n "$DS_ACCELERATOR" ] || unset DS_ACCELERATOR
 cd "$ROOT"

@@ -184,7 +184,7 @@ struct TeamRecord {
   TeamRecord(int tid, const char* name) {
     if (tid != 0) return;
     guard.emplace(at::RecordScope::FUNCTION);
-    if (guard->isActive()) guard->before(std::string_view(name), c10::ArrayRef<const c10::IValue>{});
+    if (guard->isActive()) guard->before(name, c10::ArrayRef<const c10::IValue>{});  // const char*: torch 2.6+
   }
 };
 
