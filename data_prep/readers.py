@@ -4,7 +4,8 @@ Plain text and JSON are read by hand, not by ``datasets``' ``text``/``json`` bui
 holds a whole file as one Arrow string (a file over 2 GB cannot even be one) or loses paragraph
 structure line by line, and the JSON builder fails a whole file on one malformed line, where we skip
 and count that line with its number. Both read ``.gz``/``.xz``/``.zst`` through the stdlib/zstandard
-stream decoders. CSV/TSV and Parquet go through ``datasets.load_dataset(..., streaming=True)``.
+stream decoders. CSV/TSV (``csv_rows``, which picks the reader) and Parquet go through
+``datasets.load_dataset(..., streaming=True)``.
 
 Text is decoded as UTF-8 with replacement characters; the first invalid byte of a file is reported
 (line, byte offset) through ``Utf8State``. Line ends are normalised as Python's universal newlines

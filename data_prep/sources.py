@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep import hub, readers
+from data_prep import csv_rows, hub, readers
 from data_prep.config import PrepConfig
 from data_prep.default_corpus import default_corpus
 from data_prep.errors import UserError
@@ -84,49 +84,36 @@ class Sources:
         doc_split = cfg.doc_split if cfg.inputs else "file"
         warned = 0
         for idx, path, fmt in self.files:
-            if fmt in ("text", "json"):
-                utf8 = readers.Utf8State()
-                it = (
-                    readers.text_records(path, doc_split, utf8)
-                    if fmt == "text"
-                    else readers.json_records(path, cfg.text_field, utf8, parse_json)
-                )
-                for text, reason, line, eos in it:
-                    yield text, reason, idx, line, eos
-                if utf8.broken_at is not None and idx not in self.broken:  # once per run, not per pass
-                    line, why = utf8.broken_at
-                    self.broken[idx] = f"{self.names[idx]}:{line}"
-                    log.warning(
-                        "%s:%d: compressed stream truncated or corrupt (%s); the lines before it are kept",
-                        self.names[idx], line, why,
-                    )  # fmt: skip
-                if utf8.first_bad is not None and idx not in self.bad_utf8:  # once per run, not per pass
-                    self.bad_utf8.add(idx)
-                    warned += 1
-                    if warned <= 5:
-                        log.warning(
-                            "%s:%d: invalid UTF-8 at byte %d; decoded with replacement characters",
-                            self.names[idx],
-                            *utf8.first_bad,
-                        )
-                continue
-            _check_readable(path)
-            if fmt == "csv":
+            utf8 = readers.Utf8State()
+            if fmt == "text":
+                it = readers.text_records(path, doc_split, utf8)
+            elif fmt == "json":
+                it = readers.json_records(path, cfg.text_field, utf8, parse_json)
+            elif fmt == "csv":
+                _check_readable(path)
                 sep = "\t" if path.suffix.lower() == ".tsv" else ","
-                it = readers.table_records(
-                    "csv",
-                    path,
-                    cfg.text_field,
-                    2,
-                    sep=sep,
-                    keep_default_na=False,
-                    na_values=[],
-                    encoding_errors="replace",  # a mixed-encoding file is read, not refused, as .txt/.jsonl are
-                )  # line 1 is the header
+                it = csv_rows.csv_records(path, cfg.text_field, sep, utf8)
             else:
+                _check_readable(path)
                 it = readers.table_records("parquet", path, cfg.text_field, 0)
             for text, reason, line, eos in it:
                 yield text, reason, idx, line, eos
+            if utf8.broken_at is not None and idx not in self.broken:  # once per run, not per pass
+                line, why = utf8.broken_at
+                self.broken[idx] = f"{self.names[idx]}:{line}"
+                log.warning(
+                    "%s:%d: compressed stream truncated or corrupt (%s); the lines before it are kept",
+                    self.names[idx], line, why,
+                )  # fmt: skip
+            if utf8.first_bad is not None and idx not in self.bad_utf8:  # once per run, not per pass
+                self.bad_utf8.add(idx)
+                warned += 1
+                if warned <= 5:
+                    log.warning(
+                        "%s:%d: invalid UTF-8 at byte %d; decoded with replacement characters",
+                        self.names[idx],
+                        *utf8.first_bad,
+                    )
         if warned > 5:
             log.warning("... %d more files with invalid UTF-8", warned - 5)
 

@@ -80,9 +80,10 @@ def test_hostile_corpus_counts_and_loses_nothing(tmp_path, capsys):
     assert prep_main([*args, "--val-fraction", "0.2", "--test-fraction", "0.2", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.count("latin1.txt:1: invalid UTF-8 at byte 3") == 1, err  # warned once, not once per pass
+    assert err.count("latin1.csv:2: invalid UTF-8 at byte 9") == 1, err  # a CSV as a text file
     meta = load_prepared(out).meta
     assert {k: v for k, v in meta["skipped"].items() if v} == EXPECTED_SKIPS
-    assert meta["documents"]["repaired_invalid_utf8"] == 1
+    assert meta["documents"]["repaired_invalid_utf8"] == 2
     assert meta["documents"]["kept"] == len(good)
     # every good document is in exactly one split, whole: counts and bytes in == out
     assert sum(meta["splits"][s]["docs"] for s in SPLITS) == len(good)

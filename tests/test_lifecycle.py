@@ -9,15 +9,26 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
+import torch
 from conftest import REF_STEPS
-from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, train, train_args, train_losses
+from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, free_port, train, train_args, train_losses
 from run_files import samples
 from test_multinode import LOST, REF_ARGS, alive, rank_pids, shm_left, wait_until
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+
+
+def _gloo_takes_a_new_timeout() -> bool:
+    probe = ROOT / "tests" / "dist" / "gloo_timeout_probe.py"
+    p = subprocess.run(
+        [sys.executable, str(probe), str(free_port())], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and p.stdout.split()[-1:] in (["honoured"], ["ignored"]), p.stderr[-2000:]
+    return p.stdout.split()[-1] == "honoured"
 
 
 def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_path):
@@ -26,7 +37,14 @@ def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_pat
 
     Once rank 0 is gone the test SIGKILLs the stalled rank itself: DeepSpeed's launcher would, after the
     30 s it gives a SIGTERMed rank to exit (a stalled rank does not act on SIGTERM), which is its behaviour,
-    not ours, and would be a third of this test's time."""
+    not ours, and would be a third of this test's time.
+
+    torch 2.6's gloo keeps the timeout a group was created with (the start-up one, at least 600 s): there
+    the stall is caught that much later, on CPU (README, "Failures")."""
+    if not _gloo_takes_a_new_timeout():
+        pytest.skip(
+            f"torch {torch.__version__}'s gloo ignores a timeout set on a live group (pytorch#165422)"
+        )
     out, timeout_s = tmp_path / "stall", 8
     cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, "--max-steps", REF_STEPS, *REF_ARGS,
                         "--wandb-mode", "disabled", "--dist-timeout-s", str(timeout_s)))  # fmt: skip

@@ -10,6 +10,7 @@ replay against the eager loop, and the dispatcher's choice.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,10 +20,18 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
+triton = pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
+# torch 2.6-2.8's CUDA builds pin triton 3.2-3.4, below the core's floor: there the dispatcher runs the
+# reference core (test_an_older_triton_is_named_and_not_run), and the kernels' own checks are skipped
+OLD_TRITON = pytest.mark.skipif(
+    tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 5),
+    reason=f"triton {triton.__version__} is below the Triton core's floor (3.5)",
+)
 
 
 def _check(mode: str, tmp_path: Path, **env) -> dict:
+    if OLD_TRITON.args[0]:
+        pytest.skip(OLD_TRITON.kwargs["reason"])
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "triton"), **env)
     p = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "triton_checks.py"), mode],
@@ -68,19 +77,39 @@ def test_dispatcher_picks_triton_for_fused_and_auto(interpreted):
     }
 
 
-def test_dispatcher_on_cpu_and_a_device_triton_cannot_take(caplog):
+def test_dispatcher_on_cpu_and_a_device_triton_cannot_take(caplog, monkeypatch):
     from app.model import core, fused_core, triton_core
 
     x, w = torch.zeros(2, 3, 4), torch.zeros(5, 5)
-    with caplog.at_level("INFO", logger="app.model.core"):
-        core._logged.clear()
-        for _ in range(3):
-            fn = core.select("auto", x, w)
+    # caplog's handler on the logger itself, which stops there: an earlier test in this process may have set
+    # up the app's logging, whose "app" logger keeps records from reaching the root, where caplog listens
+    monkeypatch.setattr(logging.getLogger("app.model.core"), "propagate", False)
+    logging.getLogger("app.model.core").addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="app.model.core"):
+            core._logged.clear()
+            for _ in range(3):
+                fn = core.select("auto", x, w)
+    finally:
+        logging.getLogger("app.model.core").removeHandler(caplog.handler)
     assert fn is (fused_core.FusedMLSTMFunction if fused_core.fused_ops() else core.MLSTMFunction)
     assert sum("mLSTM core on cpu float32" in r.message for r in caplog.records) == 1  # logged once
     assert "runs on CUDA devices, got meta" in triton_core.available(torch.zeros(1, device="meta"), w)
     with pytest.raises(ValueError, match="core must be one of"):
         core.select("gpu", x, w)
+
+
+def test_an_older_triton_is_named_and_not_run(monkeypatch):
+    from app.model import triton_core
+
+    x, w = torch.zeros(2, 3, 4), torch.zeros(5, 5)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # past the device check, as on a GPU
+    monkeypatch.setattr(triton, "__version__", "3.4.0")
+    assert triton_core.available(x, w) == (
+        "the Triton core needs triton>=3.5 (float64 tl.dot), found 3.4.0; pip install 'mlstm-ds[gpu]'"
+    )
+    monkeypatch.setattr(triton, "__version__", "3.5.0+git1234")
+    assert triton_core.available(x, w) is None
 
 
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):

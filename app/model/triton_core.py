@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from collections.abc import Callable
 
 import torch
@@ -27,6 +28,9 @@ from app.model.matmul import grad_weight, linear
 
 GRAPH_CACHE = int(os.environ.get("MLSTM_GRAPH_CACHE", "8"))
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# The oldest release tested: tl.dot takes float64 operands from 3.5 on (3.2-3.4 refuse them). torch 2.6-2.8's
+# CUDA builds bring 3.2-3.4: with those the dispatcher runs the reference core, and says why.
+TRITON_MIN = (3, 5)
 _graphs: collections.OrderedDict = collections.OrderedDict()  # key -> _Graph, least recently used first
 _seen: set = set()  # keys run once eagerly (their kernels are compiled): the next call captures
 
@@ -48,9 +52,12 @@ def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
     if w.dtype not in DTYPES:
         return f"the Triton core takes float32/float64/bfloat16/float16 operands, got {w.dtype}"
     try:
-        _kernels()
+        have = _kernels().triton.__version__
     except ImportError as e:
         return f"triton is not installed ({e}); pip install 'mlstm-ds[gpu]'"
+    if tuple(int(p) for p in re.findall(r"\d+", have)[:2]) < TRITON_MIN:
+        want = ".".join(map(str, TRITON_MIN))
+        return f"the Triton core needs triton>={want} (float64 tl.dot), found {have}; pip install 'mlstm-ds[gpu]'"
     return None
 
 
