@@ -84,6 +84,9 @@ def train_sentencepiece(docs: Iterable[str], *, vocab_size: int, model_type: str
                 add_dummy_prefix=False,
                 allow_whitespace_only_pieces=True,
                 split_digits=True,
+                # the whitespace symbol, even from a text with no space (a CSV log): else a space in later
+                # text falls back to the symbol's UTF-8 bytes and decodes as "▁", not " "
+                required_chars="\u2581",
                 character_coverage=0.9995,
                 max_sentence_length=MAX_LINE_BYTES,
                 input_sentence_size=0,  # the caller already bounded the sample; use all of it, in order

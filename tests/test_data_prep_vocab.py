@@ -40,3 +40,26 @@ def test_auto_size_this_text_cannot_support_becomes_the_size_it_can(tmp_path):
     with pytest.raises(VocabSizeError, match="--vocab-size 512 is too large") as err:
         _train_spm(text, PrepConfig(out=tmp_path / "b", vocab_size=512), 512)
     assert err.value.feasible == tok.vocab_size
+
+
+def test_a_text_with_no_space_trains_a_lossless_tokenizer(tmp_path):
+    """A CSV log has no space character at all: the tokenizer trained on it must still carry a space (and
+    so everything) through encode/decode. It failed data_prep's lossless check with a traceback before."""
+    from data_prep.cli import main as prep_main
+    from data_prep.tokenizer import load_tokenizer_from_dir
+
+    rng = random.Random(0)
+    rows = [
+        f"2025-10-19T08:{m:02d}:{s:02d}Z,web-{rng.randrange(4)},GET,/api/items/{rng.randrange(999)},200"
+        for m in range(60)
+        for s in range(0, 60, 3)
+    ]
+    (tmp_path / "log.txt").write_text("\n".join(rows) + "\n")
+    assert " " not in (tmp_path / "log.txt").read_text()
+    out = tmp_path / "out"
+    assert prep_main(["--input", str(tmp_path / "log.txt"), "--out", str(out), "--quiet"]) == 0
+    tok = load_tokenizer_from_dir(out)
+    text = "two  spaces, a tab\tand caf\u00e9 \u4e2d\u6587 "
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert int(tok.token_bytes[ids].sum()) == len(text.encode())
