@@ -53,9 +53,10 @@ def scan(path: Path, utf8: readers.Utf8State) -> bool:
     return nul or utf8.first_bad is not None
 
 
-def csv_records(path: Path, text_field: str, sep: str, utf8: readers.Utf8State) -> Iterator[readers.Record]:
-    """Rows of a CSV/TSV file: its header row is line 1, rows are numbered from 2 as they come."""
-    if not scan(path, utf8):
+def csv_records(path: Path, text_field: str, sep: str, clean: bool) -> Iterator[readers.Record]:
+    """Rows of a CSV/TSV file (``clean``: ``scan`` found nothing): its header row is line 1, rows are
+    numbered from 2 as they come."""
+    if clean:
         yield from readers.table_records(
             "csv", path, text_field, 2, sep=sep, keep_default_na=False, na_values=[]
         )

@@ -45,6 +45,7 @@ class Sources:
     )  # default corpus: in-memory documents (file index = position)
     source: dict = field(default_factory=dict)  # for meta.json
     bad_utf8: set[int] = field(default_factory=set)  # file indices that needed replacement characters
+    csv_clean: dict[int, bool] = field(default_factory=dict)  # CSV file index -> pandas reads it whole
     broken: dict[int, str] = field(
         default_factory=dict
     )  # file index -> where its compressed stream broke off
@@ -92,7 +93,9 @@ class Sources:
             elif fmt == "csv":
                 _check_readable(path)
                 sep = "\t" if path.suffix.lower() == ".tsv" else ","
-                it = csv_rows.csv_records(path, cfg.text_field, sep, utf8)
+                if idx not in self.csv_clean:  # scanned once per run, not once per pass
+                    self.csv_clean[idx] = not csv_rows.scan(path, utf8)
+                it = csv_rows.csv_records(path, cfg.text_field, sep, self.csv_clean[idx])
             else:
                 _check_readable(path)
                 it = readers.table_records("parquet", path, cfg.text_field, 0)

@@ -72,7 +72,7 @@ def test_a_nul_byte_and_latin1_leave_pandas_and_keep_their_text(tmp_path):
     path = tmp_path / "t.csv"
     path.write_bytes(b'\xef\xbb\xbftext\n"a\x00b"\n"caf\xe9"\n"' + b"x" * 300_000 + b'"\n')
     utf8 = readers.Utf8State()
-    rows = list(csv_rows.csv_records(path, "text", ",", utf8))
+    rows = list(csv_rows.csv_records(path, "text", ",", clean=not csv_rows.scan(path, utf8)))
     assert [r[0] for r in rows] == ["a\x00b", "caf\ufffd", "x" * 300_000]  # a field over csv's 128 KiB
     assert utf8.first_bad == (3, 18)  # after the BOM (3 bytes), as for text files
 
@@ -81,4 +81,4 @@ def test_no_such_column_is_one_line(tmp_path):
     path = tmp_path / "t.csv"
     path.write_bytes(b'body\n"caf\xe9"\n')
     with pytest.raises(readers.UserError, match=r"t\.csv: no column 'text' \(columns: body\)"):
-        list(csv_rows.csv_records(path, "text", ",", readers.Utf8State()))
+        list(csv_rows.csv_records(path, "text", ",", clean=False))

@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.model import triton_core  # imports triton only when a kernel is needed
+
 ROOT = Path(__file__).resolve().parents[1]
 triton = pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
 # torch 2.6-2.8's CUDA builds pin triton 3.2-3.4, below the core's floor: there the dispatcher runs the
 # reference core (test_an_older_triton_is_named_and_not_run), and the kernels' own checks are skipped
 OLD_TRITON = pytest.mark.skipif(
-    tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 5),
+    triton_core.too_old(triton.__version__),
     reason=f"triton {triton.__version__} is below the Triton core's floor (3.5)",
 )
 

@@ -45,6 +45,11 @@ def _kernels():
     return triton_kernels
 
 
+def too_old(version: str) -> bool:
+    """A triton release (``triton.__version__``: "3.4.0", "3.5.0+git1234") below TRITON_MIN."""
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < TRITON_MIN
+
+
 def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """None when this core runs these operands, else why not (one line)."""
     if x.device.type != "cuda" and not interpreting():
@@ -55,7 +60,7 @@ def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
         have = _kernels().triton.__version__
     except ImportError as e:
         return f"triton is not installed ({e}); pip install 'mlstm-ds[gpu]'"
-    if tuple(int(p) for p in re.findall(r"\d+", have)[:2]) < TRITON_MIN:
+    if too_old(have):
         want = ".".join(map(str, TRITON_MIN))
         return f"the Triton core needs triton>={want} (float64 tl.dot), found {have}; pip install 'mlstm-ds[gpu]'"
     return None
