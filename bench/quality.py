@@ -18,9 +18,12 @@ Corpora:
 - embedded: the corpus `python -m data_prep` uses without --input (CPython's pydoc topics then stdlib
   sources, 4 MB), its documents concatenated in order; the documents before the cut are written as one
   file each (data_prep's default one-document-per-file), the tail is the held-out text.
-- botchan: ../shared/fieldtest/corpora/botchan.txt (Natsume Soseki, English translation, Project
+- botchan: tests/fixtures/corpora/botchan.txt (Natsume Soseki, English translation, Project
   Gutenberg), the novel between Gutenberg's START and END lines (the licence after it is not the novel),
   newlines normalised as data_prep normalises them, BOM dropped; the first 90% is one training file.
+- shakespeare: bench/corpora/tinyshakespeare.txt (1.1 MB of Shakespeare's plays, char-rnn's and
+  nanoGPT's shakespeare_char text), cut and prepared as botchan is.
+- log: a generated CSV access log, 1 MB (`log_text`), cut and prepared as botchan is.
 
 Tuning (bench/README.md): `--steps N` trains N steps instead of a time budget (equal work across configs on
 a shared machine); `--prep-args` / `--train-args` add data_prep / training flags (shell-quoted strings);
@@ -44,8 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BOTCHAN = ROOT / "tests" / "fixtures" / "corpora" / "botchan.txt"
+SHAKESPEARE = ROOT / "bench" / "corpora" / "tinyshakespeare.txt"
 HELD_OUT = 0.10
-CORPORA = ("embedded", "botchan", "log")
+CORPORA = ("embedded", "botchan", "shakespeare", "log")
 LOG_BYTES = 1_000_000
 
 
@@ -109,7 +113,9 @@ def materialize(corpus: str, where: Path) -> tuple[Path, Path]:
     if held.exists():  # written by an earlier run in this --workdir (same corpus, same cut)
         return (where / "train" if corpus == "embedded" else where / "train.txt"), held
     if corpus != "embedded":
-        text = novel_text(BOTCHAN) if corpus == "botchan" else log_text()
+        text = {"botchan": lambda: novel_text(BOTCHAN), "shakespeare": lambda: novel_text(SHAKESPEARE)}.get(
+            corpus, log_text
+        )()
         cut = cut_at_line(text, 1.0 - HELD_OUT)
         train = where / "train.txt"
         train.write_text(text[:cut], encoding="utf-8")
