@@ -113,9 +113,11 @@ def materialize(corpus: str, where: Path) -> tuple[Path, Path]:
     if held.exists():  # written by an earlier run in this --workdir (same corpus, same cut)
         return (where / "train" if corpus == "embedded" else where / "train.txt"), held
     if corpus != "embedded":
-        text = {"botchan": lambda: novel_text(BOTCHAN), "shakespeare": lambda: novel_text(SHAKESPEARE)}.get(
-            corpus, log_text
-        )()
+        text = (
+            log_text()
+            if corpus == "log"
+            else novel_text({"botchan": BOTCHAN, "shakespeare": SHAKESPEARE}[corpus])
+        )
         cut = cut_at_line(text, 1.0 - HELD_OUT)
         train = where / "train.txt"
         train.write_text(text[:cut], encoding="utf-8")

@@ -1,7 +1,7 @@
 """Transfer to binary sentence sentiment: an LM trained on the task's unlabelled training sentences, its
 features through app/transfer.py, beside the n-gram baseline on the same splits. JSON line last.
 
-    python bench/sentiment.py --mr DIR [--minutes 8] [--workdir DIR] [--layer -1] [--port 29660]
+    python bench/sentiment.py --mr DIR [--minutes 8] [--workdir DIR] [--layer -1] [--procs 2] [--port 29660]
 
 DIR holds Pang & Lee's sentence polarity dataset v1.0 ("movie review" sentences, 5,331 positive and
 5,331 negative: rt-polarity.pos and rt-polarity.neg, one sentence per line, as
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import random
 import sys
@@ -86,6 +87,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory() if args.workdir is None else None
     work = Path(tmp.name) if tmp else args.workdir.resolve()
     counts = make_splits(args.mr, work / "task")
+    digest = hashlib.sha256((work / "task" / "unlabelled.txt").read_bytes()).hexdigest()
+    stamp = work / "task" / "unlabelled.sha256"
+    if stamp.exists() and stamp.read_text() != digest:  # the prepared data and the LM are of other text
+        sys.exit(f"--workdir {work}: its LM was trained on other sentences; use a new --workdir")
+    stamp.write_text(digest)
     quick_prep, _ = quickstart_commands(args.minutes, 0)
     data = work / "prep"
     prepare(work / "task" / "unlabelled.txt", data, quick_prep, ["--doc-split", "line"])
@@ -114,7 +120,7 @@ def main() -> None:
         "ngram_test_accuracy": res["ngram_baseline"]["test_accuracy"],
         "single_neuron_test_accuracy": res["single_neuron"]["test_accuracy"],
         "majority_class": res["majority_class_test_accuracy"],
-        "workdir": str(work),
+        **({} if tmp else {"workdir": str(work)}),
     }
     print(
         f"LM features ({row['features']}, layer {row['layer']}): test {row['test_accuracy']:.4f} | "

@@ -3,10 +3,12 @@
 #   launch/test.sh --compat oldest|newest [pytest args]: the version-sensitive tests in their own
 #   environment at the declared lower bounds or the newest releases (launch/compat.sh)
 # The tests run in MLSTM_TEST_WORKERS pytest-xdist workers (default: the cores, at most 4), one test file
-# per worker at a time (--dist loadfile: a file's fixtures are built once). Most tests start real
-# `deepspeed` launches, whose runner and per-node launcher start one after the other on one core: two
-# workers keep both cores of a 2-core machine busy (README, Development). `-n 0` (or
-# MLSTM_TEST_WORKERS=1) runs everything in this process, e.g. for --pdb.
+# per worker at a time, the longest files first (--dist loadfile --no-loadscope-reorder and the order in
+# tests/conftest.py). Most tests start real `deepspeed` launches, whose runner and per-node launcher start
+# one after the other on one core: two workers keep both cores of a 2-core machine busy (README,
+# Development). Each worker builds the session fixtures (prepared data, reference runs) it needs once.
+# `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
+# sets the workers.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 compat=()
@@ -15,11 +17,30 @@ if [ "${1:-}" = --compat ]; then
   shift 2 || shift $#
 fi
 workers="${MLSTM_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+  echo "error: MLSTM_TEST_WORKERS must be a whole number, not '$workers'" >&2
+  exit 2
+fi
+given_n="" given_dist="" one_process=""
+prev=""
+for a in "$@"; do
+  case "$a" in
+    -n0 | --numprocesses=0 | -pno:xdist | --pdb | --trace) one_process=1 ;;
+    -n?* | --numprocesses=*) given_n=1 ;;
+    -n | --numprocesses) given_n=1 ;;
+    --dist | --dist=* | -d) given_dist=1 ;;
+  esac
+  case "$prev $a" in
+    "-n 0" | "--numprocesses 0" | "-p no:xdist") one_process=1 ;;
+  esac
+  prev="$a"
+done
 xdist=()
-case " $* " in
-  *" -n "* | *" -n"[0-9]* | *" --numprocesses"* | *" -p no:xdist "* | *" --pdb "*) ;;
-  *) [ "$workers" -le 1 ] || xdist=(-n "$workers" --dist loadfile) ;;
-esac
+if [ -z "$one_process" ] && { [ -n "$given_n" ] || [ "$workers" -gt 1 ]; }; then
+  [ -n "$given_n" ] || xdist=(-n "$workers")
+  # a file's tests stay in one worker: the Slurm and sshd clusters start once, job logs do not collide
+  [ -n "$given_dist" ] || xdist+=(--dist loadfile --no-loadscope-reorder)
+fi
 if [ ${#compat[@]} -gt 0 ]; then
   exec "$ROOT/launch/compat.sh" "${compat[1]}" "${xdist[@]}" "$@"
 fi

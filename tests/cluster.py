@@ -10,10 +10,12 @@ start is impossible, `ClusterUnavailable` carries the reason and the tests skip 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,18 @@ def which(name: str) -> str | None:
 
 
 def ensure_packages(binaries: list[str]) -> None:
-    """apt-get install the packages behind any missing binary (update once, non-interactive)."""
+    """apt-get install the packages behind any missing binary (update once, non-interactive). Under a lock:
+    the sshd and Slurm tests run in two pytest-xdist workers at once, and a second apt-get would fail on
+    dpkg's lock."""
+    if all(which(b) is not None for b in binaries):
+        return
+    with open(Path(tempfile.gettempdir()) / "mlstm-ds-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _install_missing(binaries)
+
+
+def _install_missing(binaries: list[str]) -> None:
+    """Checked again under the lock: the other worker may have installed them meanwhile."""
     missing = sorted({PACKAGES[b] for b in binaries if which(b) is None})
     if not missing:
         return
