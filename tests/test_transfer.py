@@ -76,6 +76,7 @@ def test_binary_probe_end_to_end_and_cache(task, capsys):
     for png in res["figures"]:
         assert (task / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert res["featurize"]["tokens"] > 0 and not any(res["featurize"]["cached"].values())
+    assert res["featurize"]["texts"] == 80 + 24  # every text of both splits, once (not the feature kinds)
     assert "test accuracy" in capsys.readouterr().out
     again = run_transfer(task)  # features from the .npy cache, same answer
     assert all(again["featurize"]["cached"].values())

@@ -186,7 +186,7 @@ class Transfer:
         secs, toks, texts = (
             sum(f.seconds for f in fresh),
             sum(f.tokens for f in fresh),
-            sum(len(f.features) for f in fresh),
+            sum(len(next(iter(f.features.values()))) for f in fresh),  # rows, not feature kinds
         )
         result = {
             "checkpoint": self.src.describe(),
