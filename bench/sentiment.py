@@ -49,9 +49,9 @@ def read_lines(path: Path) -> list[str]:
     return out
 
 
-def make_splits(mr: Path, where: Path, seed: int = 0) -> dict[str, int]:
-    """-> rows per split; writes <split>.csv (text,label) and unlabelled.txt (the train sentences)."""
-    rows = {}
+def make_splits(mr: Path, seed: int = 0) -> dict[str, list[dict]]:
+    """-> rows per split (shuffled, balanced per class)."""
+    rows: dict[str, list[dict]] = {}
     for label in ("pos", "neg"):
         path = mr / f"rt-polarity.{label}"
         if not path.is_file():
@@ -63,15 +63,27 @@ def make_splits(mr: Path, where: Path, seed: int = 0) -> dict[str, int]:
             end = len(texts) if i == len(SPLITS) - 1 else start + round(frac * len(texts))
             rows.setdefault(split, []).extend({"text": t, "label": label} for t in texts[start:end])
             start = end
-    where.mkdir(parents=True, exist_ok=True)
     for split, items in rows.items():
         random.Random(f"{seed}-{split}").shuffle(items)
-        with (where / f"{split}.csv").open("w", newline="", encoding="utf-8") as f:
+    return rows
+
+
+def write_task(rows: dict[str, list[dict]], task: Path) -> None:
+    """<split>.csv (text,label) and unlabelled.txt (the train sentences), into a new or same-task folder:
+    a --workdir whose LM was trained on other sentences is refused before anything in it changes."""
+    unlabelled = "".join(r["text"] + "\n" for r in rows["train"])
+    digest = hashlib.sha256(unlabelled.encode()).hexdigest()
+    stamp = task / "unlabelled.sha256"
+    if stamp.exists() and stamp.read_text() != digest:
+        sys.exit(f"--workdir {task.parent}: its LM was trained on other sentences; use a new --workdir")
+    task.mkdir(parents=True, exist_ok=True)
+    for split, items in rows.items():
+        with (task / f"{split}.csv").open("w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=["text", "label"])
             w.writeheader()
             w.writerows(items)
-    (where / "unlabelled.txt").write_text("".join(r["text"] + "\n" for r in rows["train"]), encoding="utf-8")
-    return {k: len(v) for k, v in rows.items()}
+    (task / "unlabelled.txt").write_text(unlabelled, encoding="utf-8")
+    stamp.write_text(digest)
 
 
 def main() -> None:
@@ -86,27 +98,23 @@ def main() -> None:
     args.steps, args.train_args, args.ds_set, args.stages, args.threads = 0, "", [], 0, 0  # train()'s
     tmp = tempfile.TemporaryDirectory() if args.workdir is None else None
     work = Path(tmp.name) if tmp else args.workdir.resolve()
-    counts = make_splits(args.mr, work / "task")
-    digest = hashlib.sha256((work / "task" / "unlabelled.txt").read_bytes()).hexdigest()
-    stamp = work / "task" / "unlabelled.sha256"
-    if stamp.exists() and stamp.read_text() != digest:  # the prepared data and the LM are of other text
-        sys.exit(f"--workdir {work}: its LM was trained on other sentences; use a new --workdir")
-    stamp.write_text(digest)
+    task = work / "task"
+    rows = make_splits(args.mr)
+    write_task(rows, task)
     quick_prep, _ = quickstart_commands(args.minutes, 0)
     data = work / "prep"
-    prepare(work / "task" / "unlabelled.txt", data, quick_prep, ["--doc-split", "line"])
+    prepare(task / "unlabelled.txt", data, quick_prep, ["--doc-split", "line"])
     out = work / f"lm_{args.minutes:g}m"
     if not (out / "final_metrics.json").exists():
         train(data, out, args, args.minutes, args.port)
     lm = train_figures(out)
     probe = work / f"transfer_layer{args.layer}"
-    task = work / "task"
     splits = [f"--{s}={task / s}.csv" for s in ("train", "validation", "test")]
     cmd = [sys.executable, "app/transfer.py", "--checkpoint", str(out / "best"), *splits]
     run([*cmd, "--layer", args.layer, "--out", str(probe)], work / "transfer.log")
     res = json.loads((probe / "transfer.json").read_text())
     row = {
-        "rows": counts,
+        "rows": {k: len(v) for k, v in rows.items()},
         "lm_minutes": args.minutes,
         "lm_steps": lm["steps"],
         "lm_val_bpb": lm["val_bpb"],
