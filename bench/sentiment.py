@@ -12,10 +12,13 @@ split 80/10/10 into train, validation and test, balanced per class. Then:
 1. the training sentences, without labels, one document per line, are prepared and trained on with the
    quickstart's commands and `--time-budget` minutes (bench/quality.py: the shipped CPU defaults, 2
    processes through the real `deepspeed` launcher);
-2. `app/transfer.py` on the best checkpoint with the default `--features auto` (the validation split picks
-   the feature kind and C), which also fits the bag-of-n-grams baseline on the same splits.
-Reports both test accuracies, the feature kind picked, the validation accuracy of every kind, the LM's
-validation bits/byte and its training steps.
+2. `app/transfer.py` on the best checkpoint with its defaults: the L1 probe on frozen features (the
+   validation split picks the feature kind and C), the LM fine-tuned with a linear head (the validation
+   split picks the epoch, then probe or fine-tuned), and the bag-of-n-grams baseline on the same splits;
+3. the control: `app/transfer.py --finetune-from-scratch`, the same fine-tuning from a fresh
+   initialisation, so the gap to step 2's fine-tuned figure is what the LM's pretraining adds.
+Reports the test accuracies (picked, probe, fine-tuned, from scratch, n-grams), the feature kind picked,
+the validation accuracy of every kind, the LM's validation bits/byte and its training steps.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ def main() -> None:
     cmd = [sys.executable, "app/transfer.py", "--checkpoint", str(out / "best"), *splits]
     run([*cmd, "--layer", args.layer, "--out", str(probe)], work / "transfer.log")
     res = json.loads((probe / "transfer.json").read_text())
+    control = work / f"transfer_layer{args.layer}_scratch"
+    run([*cmd, "--layer", args.layer, "--out", str(control), "--finetune-from-scratch"], work / "control.log")
+    scratch = json.loads((control / "transfer.json").read_text())["finetune"]
     row = {
         "rows": {k: len(v) for k, v in rows.items()},
         "lm_minutes": args.minutes,
@@ -123,7 +129,13 @@ def main() -> None:
         "layer": res["layer"],
         "val_accuracy_by_features": res["val_accuracy_by_features"],
         "C": res["C"],
-        "test_accuracy": res["test_accuracy"],
+        "probe_test_accuracy": res["test_accuracy"],
+        "finetune_test_accuracy": res["finetune"]["test_accuracy"],
+        "finetune_val_accuracy_by_epoch": res["finetune"]["val_accuracy_by_epoch"],
+        "scratch_test_accuracy": scratch["test_accuracy"],
+        "scratch_val_accuracy_by_epoch": scratch["val_accuracy_by_epoch"],
+        "picked": res["chosen"]["method"],
+        "test_accuracy": res["chosen"]["test_accuracy"],
         "ngram_baseline": res["ngram_baseline"]["model"],
         "ngram_test_accuracy": res["ngram_baseline"]["test_accuracy"],
         "single_neuron_test_accuracy": res["single_neuron"]["test_accuracy"],
@@ -131,7 +143,9 @@ def main() -> None:
         **({} if tmp else {"workdir": str(work)}),
     }
     print(
-        f"LM features ({row['features']}, layer {row['layer']}): test {row['test_accuracy']:.4f} | "
+        f"picked {row['picked']}: test {row['test_accuracy']:.4f} | probe ({row['features']}, layer "
+        f"{row['layer']}) {row['probe_test_accuracy']:.4f} | fine-tuned {row['finetune_test_accuracy']:.4f}, "
+        f"from scratch {row['scratch_test_accuracy']:.4f} | "
         f"{row['ngram_baseline']}: {row['ngram_test_accuracy']:.4f} | LM {row['lm_steps']} steps, "
         f"val {row['lm_val_bpb']:.3f} bits/byte",
         flush=True,

@@ -68,6 +68,17 @@ class TransferConfig:
     """Test texts drawn in the per-character heatmap of the top neuron."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (cuda when available), cpu or cuda."""
+    finetune_epochs: int = 4
+    """Beside the probe, fine-tune the LM's layers (up to the highest of --layer) and a linear head on their
+    mean output over the text for this many epochs; the best epoch on validation is kept, and the
+    validation split picks probe or fine-tuned (0: the probe only)."""
+    finetune_lr: float = 1e-3
+    """Fine-tuning: AdamW learning rate of the LM's layers (the head's is 3x)."""
+    finetune_rows: int = 32
+    """Fine-tuning: texts per step (similar lengths; at most --batch-tokens padded tokens)."""
+    finetune_from_scratch: bool = False
+    """Fine-tune the same architecture from a fresh initialisation instead: the control that shows what
+    the LM's pretraining adds."""
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -80,7 +91,11 @@ class TransferConfig:
             parse_layers(self.layer, 1 << 30)  # the spelling; the range is checked against the model
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
-        for name in ("top_k", "batch_tokens"):
+        if not self.finetune_lr > 0:
+            raise ValueError(f"--finetune-lr must be > 0, got {self.finetune_lr}")
+        if self.finetune_from_scratch and self.finetune_epochs == 0:
+            raise ValueError("--finetune-from-scratch needs --finetune-epochs >= 1")
+        for name in ("top_k", "batch_tokens", "finetune_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.heatmap_texts < 0:

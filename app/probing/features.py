@@ -44,14 +44,22 @@ def token_ids(tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray([tokenizer.bos_id, *ids], dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
 
 
-def length_batches(lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
-    """Indices sorted by length, cut so each batch's padded size (rows x longest) stays within the budget."""
-    order = np.argsort(lengths, kind="stable")
-    batches, start = [], 0
+def length_batches(
+    lengths: np.ndarray, batch_tokens: int, max_rows: int | None = None, sort_key: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Indices sorted by length (or by `sort_key`, e.g. jittered lengths), cut so each batch's padded size
+    (rows x longest) stays within the budget and it holds at most `max_rows` rows."""
+    order = np.argsort(lengths if sort_key is None else sort_key, kind="stable")
+    batches, start, longest = [], 0, 0
     for end in range(1, len(order) + 1):
-        if end == len(order) or (end + 1 - start) * lengths[order[end]] > batch_tokens:
+        longest = max(longest, int(lengths[order[end - 1]]))
+        if end == len(order):
             batches.append(order[start:end])
-            start = end
+            break
+        grown = max(longest, int(lengths[order[end]]))
+        if (end + 1 - start) * grown > batch_tokens or (max_rows is not None and end - start >= max_rows):
+            batches.append(order[start:end])
+            start, longest = end, 0
     return batches
 
 

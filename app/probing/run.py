@@ -143,6 +143,64 @@ class Transfer:
         kind = max(self.kinds, key=lambda k: (best_val[k], -self.kinds.index(k)))
         return kind, probes[kind], best_val
 
+    def _finetune(self, model, feats: dict):
+        """The fine-tuned classifier on the probe's splits (FineTuned), or None with --finetune-epochs 0."""
+        from app.probing.finetune import FineTuneConfig, fine_tune
+
+        c = self.cfg
+        if c.finetune_epochs == 0:
+            return None
+        tr_idx, val_idx = self._split()
+        ids, y = feats["train"][1], self.y["train"]
+        train = ([ids[i] for i in tr_idx], y[tr_idx])
+        if val_idx is None:
+            val = (feats["validation"][1], self.y["validation"])
+        else:
+            val = ([ids[i] for i in val_idx], y[val_idx])
+        cfg = FineTuneConfig(
+            epochs=c.finetune_epochs,
+            lr=c.finetune_lr,
+            rows=c.finetune_rows,
+            batch_tokens=c.batch_tokens,
+            seed=c.seed,
+            from_scratch=c.finetune_from_scratch,
+        )
+        splits = (train, val, (feats["test"][1], self.y["test"]))
+        n_classes = len(self.classes.names)
+        return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
+
+    def _finetune_report(self, ft, probe_val: float, probe_test: float) -> dict:
+        """transfer.json's "finetune" and "chosen": the validation accuracy picks the method (ties: probe)."""
+        from app.probing.finetune import HEAD_LR_SCALE
+
+        if ft is None:
+            return {
+                "finetune": None,
+                "chosen": {"method": "probe", "val_accuracy": probe_val, "test_accuracy": probe_test},
+            }
+        c, ft_val = self.cfg, max(ft.val_accuracy_by_epoch)
+        report = {
+            "layer": self.layers[0] if len(self.layers) == 1 else self.layers,
+            "features": "mean_hidden",
+            "from_scratch": c.finetune_from_scratch,
+            "epochs": c.finetune_epochs,
+            "lr": c.finetune_lr,
+            "head_lr": HEAD_LR_SCALE * c.finetune_lr,
+            "rows": c.finetune_rows,
+            "val_accuracy_by_epoch": ft.val_accuracy_by_epoch,
+            "train_loss_by_epoch": ft.train_loss_by_epoch,
+            "best_epoch": ft.best_epoch,
+            "train_accuracy": ft.train_accuracy,
+            "test_accuracy": ft.test_accuracy,
+            "tokens": ft.tokens,
+            "seconds": ft.seconds,
+            "tokens_per_s": ft.tokens / ft.seconds if ft.seconds else None,
+        }
+        picked = (
+            ("finetune", ft_val, ft.test_accuracy) if ft_val > probe_val else ("probe", probe_val, probe_test)
+        )
+        return {"finetune": report, "chosen": dict(zip(("method", "val_accuracy", "test_accuracy"), picked))}
+
     def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
         from app.probing.features import neuron_trace
         from app.probing.plots import char_values, heatmap, histogram
@@ -182,6 +240,7 @@ class Transfer:
         tr_idx, val_idx = self._split()
         split = None if val_idx is None else (len(tr_idx), len(val_idx))
         pngs = self._plots(model, feats, kind, probe.single["neuron"])
+        finetuned = self._finetune(model, feats)
         fresh = [f for f, _ in feats.values() if not f.cached]
         secs, toks, texts = (
             sum(f.seconds for f in fresh),
@@ -221,9 +280,27 @@ class Transfer:
                 "device": device,
             },
             "figures": pngs,
+            **self._finetune_report(finetuned, best_val[kind], probe.test_accuracy),
         }
         atomic_write(self.out / "transfer.json", json.dumps(result, indent=1))
         return result
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
+def _finetune_lines(result: dict) -> list[str]:
+    ft, chosen = result["finetune"], result["chosen"]
+    if ft is None:
+        return []
+    what = "from a fresh initialisation (control)" if ft["from_scratch"] else "from the checkpoint"
+    return [
+        f"fine-tuned {what}, mean output of layer {ft['layer']}: best epoch {ft['best_epoch']} of "
+        f"{ft['epochs']}, test accuracy {ft['test_accuracy']:.4f} ({ft['tokens_per_s']:,.0f} tokens/s)",
+        f"picked on validation: {chosen['method']} (validation {chosen['val_accuracy']:.4f}), "
+        f"test accuracy {chosen['test_accuracy']:.4f}",
+    ]
 
 
 def summary(result: dict, out: Path) -> str:
@@ -241,6 +318,7 @@ def summary(result: dict, out: Path) -> str:
             f"non-zero neurons{'' if result['converged'] else ' (solver did not fully converge)'}",
             f"n-gram baseline ({result['ngram_baseline']['model']}): test accuracy "
             f"{result['ngram_baseline']['test_accuracy']:.4f}",
+            *_finetune_lines(result),
             f"single neuron {s['neuron']}: test accuracy {s['test_accuracy']:.4f}",
             f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
             f"written: {out / 'transfer.json'}, {', '.join(str(out / p) for p in result['figures'])}",

@@ -1,0 +1,185 @@
+"""Fine-tuning beside the probe: the LM's embedding and recurrent layers and a linear head, trained
+together on the labelled texts (the classifier fine-tuning of ULMFiT and of NVIDIA's sentiment-discovery).
+
+The head reads the mean of the chosen layers' outputs over each text's real tokens: the layers' `forward`
+(the training path, from a zero state) on right-padded batches, where the recurrence is causal, so the
+pads that follow a text never reach its real positions. AdamW (weight decay 0.01), the LM at `lr` and
+the head at HEAD_LR_SCALE x `lr`, gradients clipped to norm 1. Batches are texts of similar length (sorted
+with a seeded jitter, so batches differ between epochs) under a row and a padded-token budget, in a
+shuffled order. After each epoch the validation accuracy is measured; the epoch with the best one keeps
+its weights, and they score the train and test rows. The checkpoint's files are never written: the
+model is a copy in memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.model.lm import LanguageModel
+from app.probing.features import length_batches
+
+HEAD_LR_SCALE = 3.0
+WEIGHT_DECAY = 0.01
+CLIP_NORM = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FineTuneConfig:
+    epochs: int
+    lr: float
+    rows: int  # texts per step at most
+    batch_tokens: int  # padded tokens per step at most (a longer text is a batch of its own)
+    seed: int
+    from_scratch: bool  # a control: the same architecture from a fresh initialisation
+
+
+@dataclass(frozen=True, slots=True)
+class FineTuned:
+    val_accuracy_by_epoch: list[float]
+    train_loss_by_epoch: list[float]
+    best_epoch: int  # 1-based
+    train_accuracy: float  # the best epoch's weights
+    test_accuracy: float
+    test_pred: np.ndarray
+    tokens: int  # tokens trained on (BOS included), all epochs
+    seconds: float
+
+
+Split = tuple[list[np.ndarray], np.ndarray]  # (token ids per text, labels)
+
+
+def pooled(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """ids (B, T) right-padded, lengths (B,) -> (B, H * len(layers)): the listed layers' outputs averaged
+    over each row's real tokens, side by side in the order given (differentiable)."""
+    real = (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None])[..., None]  # (B, T, 1)
+    x = model.embedding(ids)  # (B, T, E)
+    means = {}
+    for i, layer in enumerate(model.recurrent[: max(layers) + 1]):
+        x = layer(x)  # (B, T, H)
+        if i in layers:
+            means[i] = (x * real.to(x.dtype)).sum(1) / lengths[:, None].to(x.dtype)
+    return torch.cat([means[i] for i in layers], dim=1)
+
+
+class Classifier(nn.Module):
+    """The LM's layers up to the highest one read, and a linear head on their pooled outputs."""
+
+    def __init__(self, model: LanguageModel, layers: list[int], n_classes: int) -> None:
+        super().__init__()
+        self.lm, self.layers = model, layers
+        self.head = nn.Linear(model.cfg.hidden_dim * len(layers), n_classes)
+
+    def trained_modules(self) -> list[nn.Module]:
+        return [self.lm.embedding, *self.lm.recurrent[: max(self.layers) + 1]]
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.head(pooled(self.lm, ids, lengths, self.layers))  # (B, classes)
+
+
+def _pad(seqs: list[np.ndarray], rows: np.ndarray, pad_id: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = np.asarray([len(seqs[i]) for i in rows], dtype=np.int64)
+    batch = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
+    for r, i in enumerate(rows):
+        batch[r, : lengths[r]] = seqs[i]
+    return torch.from_numpy(batch).to(dev), torch.from_numpy(lengths).to(dev)
+
+
+def _batches(
+    seqs: list[np.ndarray], cfg: FineTuneConfig, rng: np.random.Generator | None
+) -> list[np.ndarray]:
+    """Length-sorted batches (jittered and shuffled when `rng` is given) under cfg.rows and cfg.batch_tokens."""
+    lengths = np.asarray([len(s) for s in seqs], dtype=np.int64)
+    jitter = None if rng is None else lengths + rng.uniform(0.0, 4.0, len(lengths))
+    batches = length_batches(lengths, cfg.batch_tokens, max_rows=cfg.rows, sort_key=jitter)
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+@torch.no_grad()
+def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
+    clf.eval()
+    dev = clf.head.weight.device
+    pred = np.zeros(len(seqs), dtype=np.int64)
+    for rows in _batches(seqs, cfg, None):
+        pred[rows] = clf(*_pad(seqs, rows, pad_id, dev)).argmax(1).cpu().numpy()
+    return pred
+
+
+def _epoch(clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, rng) -> tuple[float, int]:
+    """One pass over the training rows -> (mean loss, tokens read)."""
+    clf.train()
+    seqs, y = data
+    dev = clf.head.weight.device
+    params = [p for g in opt.param_groups for p in g["params"]]
+    total, tokens = 0.0, 0
+    for rows in _batches(seqs, cfg, rng):
+        ids, lengths = _pad(seqs, rows, pad_id, dev)
+        loss = F.cross_entropy(clf(ids, lengths), torch.from_numpy(y[rows]).to(dev))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        opt.step()
+        total += float(loss.detach()) * len(rows)
+        tokens += int(lengths.sum())
+    return total / len(seqs), tokens
+
+
+def fine_tune(
+    model: LanguageModel,
+    splits: tuple[Split, Split, Split],
+    layers: list[int],
+    n_classes: int,
+    cfg: FineTuneConfig,
+    pad_id: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> FineTuned:
+    """(train, validation, test) splits -> FineTuned; `model` itself is left as it was (a copy is trained)."""
+    train, val, test = splits
+    torch.manual_seed(cfg.seed)
+    lm = (
+        LanguageModel(model.cfg).to(model.embedding.weight.device)
+        if cfg.from_scratch
+        else copy.deepcopy(model)
+    )
+    clf = Classifier(lm.float(), layers, n_classes).to(model.embedding.weight.device)
+    lm_params = [p for m in clf.trained_modules() for p in m.parameters()]
+    opt = torch.optim.AdamW(
+        [
+            {"params": lm_params, "lr": cfg.lr},
+            {"params": clf.head.parameters(), "lr": HEAD_LR_SCALE * cfg.lr},
+        ],
+        weight_decay=WEIGHT_DECAY,
+    )
+    rng = np.random.default_rng(cfg.seed)
+    val_acc, losses, best, best_state, tokens = [], [], -1.0, None, 0
+    t0 = time.perf_counter()
+    for epoch in range(1, cfg.epochs + 1):
+        loss, n = _epoch(clf, opt, train, cfg, pad_id, rng)
+        losses.append(loss)
+        tokens += n
+        val_acc.append(float((predict(clf, val[0], cfg, pad_id) == val[1]).mean()))
+        log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation accuracy {val_acc[-1]:.4f}")
+        if val_acc[-1] > best:  # ties: the earlier epoch
+            best, best_state = val_acc[-1], copy.deepcopy(clf.state_dict())
+    seconds = time.perf_counter() - t0
+    clf.load_state_dict(best_state)
+    test_pred = predict(clf, test[0], cfg, pad_id)
+    return FineTuned(
+        val_accuracy_by_epoch=val_acc,
+        train_loss_by_epoch=losses,
+        best_epoch=val_acc.index(best) + 1,
+        train_accuracy=float((predict(clf, train[0], cfg, pad_id) == train[1]).mean()),
+        test_accuracy=float((test_pred == test[1]).mean()),
+        test_pred=test_pred,
+        tokens=tokens,
+        seconds=seconds,
+    )
