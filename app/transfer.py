@@ -3,7 +3,8 @@
     python app/transfer.py --checkpoint runs/big --train train.csv --test test.csv [--validation val.csv]
         [--text-field text] [--label-field label]
         [--features auto|final_cell|final_hidden|mean_hidden|max_hidden] [--layer -1|0|0,1|all] [--out DIR]
-        [--finetune-epochs 4] [--finetune-lr 1e-3] [--finetune-rows 32] [--finetune-from-scratch]
+        [--finetune-epochs 4] [--finetune-lr 1e-3] [--finetune-rows 32] [--finetune-max-tokens 1024]
+        [--finetune-from-scratch]
 
 Texts are tokenized with the checkpoint's tokenizer and run through the recurrent prefill path in
 length-sorted batches; the feature is read after each text's last token (Radford et al. 2017 use the
@@ -14,7 +15,8 @@ non-zero weights, the top neurons and the accuracy of the top neuron alone; writ
 histogram of that neuron by class and its value per character over a few test texts (PNG).
 Beside the probe, the LM's layers and a linear head on their mean output are fine-tuned on the same
 splits (app/probing/finetune.py; --finetune-epochs 0 skips it); the validation split picks probe or
-fine-tuned, and transfer.json reports both.
+fine-tuned, and transfer.json reports both. Fine-tuning costs about --finetune-epochs forward and backward
+passes over --train.
 Needs the `transfer` extra: pip install 'mlstm-ds[transfer]'.
 """
 

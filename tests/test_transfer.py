@@ -56,6 +56,9 @@ def task(tmp_path):
 
 
 def run_transfer(tmp_path: Path, *extra: str) -> dict:
+    """The CLI on the task; the probe only unless a --finetune flag is given (tests/test_probing_finetune.py)."""
+    if not any(a.startswith("--finetune") for a in extra):
+        extra = (*extra, "--finetune-epochs", "0")
     args = ["--checkpoint", str(tmp_path / "run"), "--train", str(tmp_path / "train.csv")]
     args += ["--test", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "out"), *extra]
     assert transfer_main(args) == 0
@@ -117,6 +120,7 @@ def test_multiclass_int_labels_parquet_and_validation(tmp_path):
     res = json.loads((tmp_path / "out" / "transfer.json").read_text())
     assert res["classes"] == ["3", "7", "11"] and res["rows"]["validation"] == 18 and res["layer"] == 0
     assert res["test_accuracy"] > 0.6 and len(res["top_neurons"][0]["weight"]) == 3  # one weight per class
+    assert len(res["finetune"]["val_accuracy_by_epoch"]) == 4  # the default fine-tuning, three classes
 
 
 def test_features_match_a_float64_reference_and_ignore_padding():

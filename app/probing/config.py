@@ -63,7 +63,8 @@ class TransferConfig:
     top_k: int = 10
     """Neurons reported by |weight|."""
     batch_tokens: int = 16384
-    """Featurizing: padded tokens per batch (texts are sorted by length, so padding stays small)."""
+    """Featurizing and fine-tuning: padded tokens per batch (texts are sorted by length, so padding stays
+    small)."""
     heatmap_texts: int = 4
     """Test texts drawn in the per-character heatmap of the top neuron."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -76,6 +77,9 @@ class TransferConfig:
     """Fine-tuning: AdamW learning rate of the LM's layers (the head's is 3x)."""
     finetune_rows: int = 32
     """Fine-tuning: texts per step (similar lengths; at most --batch-tokens padded tokens)."""
+    finetune_max_tokens: int = 1024
+    """Fine-tuning: each text read up to this many tokens, BOS included (its memory grows with the
+    length); texts cut are counted in transfer.json (0: whole texts)."""
     finetune_from_scratch: bool = False
     """Fine-tune the same architecture from a fresh initialisation instead: the control that shows what
     the LM's pretraining adds."""

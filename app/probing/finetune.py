@@ -6,9 +6,11 @@ The head reads the mean of the chosen layers' outputs over each text's real toke
 pads that follow a text never reach its real positions. AdamW (weight decay 0.01), the LM at `lr` and
 the head at HEAD_LR_SCALE x `lr`, gradients clipped to norm 1. Batches are texts of similar length (sorted
 with a seeded jitter, so batches differ between epochs) under a row and a padded-token budget, in a
-shuffled order. After each epoch the validation accuracy is measured; the epoch with the best one keeps
-its weights, and they score the train and test rows. The checkpoint's files are never written: the
-model is a copy in memory.
+shuffled order; a text longer than `max_tokens` is read up to there (in every split alike, and counted).
+On CUDA the padded length is rounded up to a multiple of CUDA_PAD, so the Triton core's CUDA graphs
+(one per batch shape) are reused rather than recorded for every new length. After each epoch the
+validation accuracy is measured; the epoch with the best one keeps its weights, and they score the
+train and test rows. The checkpoint's files are never written: the model is a float32 copy in memory.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from app.probing.features import length_batches
 HEAD_LR_SCALE = 3.0
 WEIGHT_DECAY = 0.01
 CLIP_NORM = 1.0
+CUDA_PAD = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class FineTuneConfig:
     lr: float
     rows: int  # texts per step at most
     batch_tokens: int  # padded tokens per step at most (a longer text is a batch of its own)
+    max_tokens: int  # texts are read up to this many tokens (BOS included); 0: whole
     seed: int
     from_scratch: bool  # a control: the same architecture from a fresh initialisation
 
@@ -46,11 +50,13 @@ class FineTuned:
     val_accuracy_by_epoch: list[float]
     train_loss_by_epoch: list[float]
     best_epoch: int  # 1-based
+    val_accuracy: float  # measured again with the restored best epoch's weights
     train_accuracy: float  # the best epoch's weights
     test_accuracy: float
     test_pred: np.ndarray
     tokens: int  # tokens trained on (BOS included), all epochs
-    seconds: float
+    seconds: float  # the training passes only (not the validation after each epoch)
+    truncated: int  # texts (all splits) cut to max_tokens
 
 
 Split = tuple[list[np.ndarray], np.ndarray]  # (token ids per text, labels)
@@ -86,7 +92,10 @@ class Classifier(nn.Module):
 
 def _pad(seqs: list[np.ndarray], rows: np.ndarray, pad_id: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = np.asarray([len(seqs[i]) for i in rows], dtype=np.int64)
-    batch = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
+    T = int(lengths.max())
+    if torch.device(dev).type == "cuda":
+        T = -(-T // CUDA_PAD) * CUDA_PAD
+    batch = np.full((len(rows), T), pad_id, dtype=np.int64)
     for r, i in enumerate(rows):
         batch[r, : lengths[r]] = seqs[i]
     return torch.from_numpy(batch).to(dev), torch.from_numpy(lengths).to(dev)
@@ -114,13 +123,15 @@ def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id
     return pred
 
 
-def _epoch(clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, rng) -> tuple[float, int]:
-    """One pass over the training rows -> (mean loss, tokens read)."""
+def _epoch(
+    clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, rng
+) -> tuple[float, int, float]:
+    """One pass over the training rows -> (mean loss, tokens read, seconds)."""
     clf.train()
     seqs, y = data
     dev = clf.head.weight.device
     params = [p for g in opt.param_groups for p in g["params"]]
-    total, tokens = 0.0, 0
+    total, tokens, t0 = 0.0, 0, time.perf_counter()
     for rows in _batches(seqs, cfg, rng):
         ids, lengths = _pad(seqs, rows, pad_id, dev)
         loss = F.cross_entropy(clf(ids, lengths), torch.from_numpy(y[rows]).to(dev))
@@ -130,7 +141,17 @@ def _epoch(clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, 
         opt.step()
         total += float(loss.detach()) * len(rows)
         tokens += int(lengths.sum())
-    return total / len(seqs), tokens
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return total / len(seqs), tokens, time.perf_counter() - t0
+
+
+def _cut(splits: tuple[Split, Split, Split], max_tokens: int) -> tuple[tuple[Split, Split, Split], int]:
+    """Every text read up to `max_tokens` tokens (0: whole) -> (splits, texts cut)."""
+    if max_tokens == 0:
+        return splits, 0
+    cut = sum(len(s) > max_tokens for seqs, _ in splits for s in seqs)
+    return tuple(([s[:max_tokens] for s in seqs], y) for seqs, y in splits), cut
 
 
 def fine_tune(
@@ -143,14 +164,11 @@ def fine_tune(
     log: Callable[[str], None] = lambda _: None,
 ) -> FineTuned:
     """(train, validation, test) splits -> FineTuned; `model` itself is left as it was (a copy is trained)."""
-    train, val, test = splits
+    (train, val, test), truncated = _cut(splits, cfg.max_tokens)
+    dev = model.embedding.weight.device
     torch.manual_seed(cfg.seed)
-    lm = (
-        LanguageModel(model.cfg).to(model.embedding.weight.device)
-        if cfg.from_scratch
-        else copy.deepcopy(model)
-    )
-    clf = Classifier(lm.float(), layers, n_classes).to(model.embedding.weight.device)
+    lm = LanguageModel(model.cfg).to(dev) if cfg.from_scratch else copy.deepcopy(model)
+    clf = Classifier(lm.float(), layers, n_classes).to(dev)
     lm_params = [p for m in clf.trained_modules() for p in m.parameters()]
     opt = torch.optim.AdamW(
         [
@@ -160,26 +178,26 @@ def fine_tune(
         weight_decay=WEIGHT_DECAY,
     )
     rng = np.random.default_rng(cfg.seed)
-    val_acc, losses, best, best_state, tokens = [], [], -1.0, None, 0
-    t0 = time.perf_counter()
+    val_acc, losses, best, best_state, tokens, seconds = [], [], -1.0, None, 0, 0.0
     for epoch in range(1, cfg.epochs + 1):
-        loss, n = _epoch(clf, opt, train, cfg, pad_id, rng)
+        loss, n, secs = _epoch(clf, opt, train, cfg, pad_id, rng)
         losses.append(loss)
-        tokens += n
+        tokens, seconds = tokens + n, seconds + secs
         val_acc.append(float((predict(clf, val[0], cfg, pad_id) == val[1]).mean()))
         log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation accuracy {val_acc[-1]:.4f}")
         if val_acc[-1] > best:  # ties: the earlier epoch
             best, best_state = val_acc[-1], copy.deepcopy(clf.state_dict())
-    seconds = time.perf_counter() - t0
     clf.load_state_dict(best_state)
     test_pred = predict(clf, test[0], cfg, pad_id)
     return FineTuned(
         val_accuracy_by_epoch=val_acc,
         train_loss_by_epoch=losses,
         best_epoch=val_acc.index(best) + 1,
+        val_accuracy=float((predict(clf, val[0], cfg, pad_id) == val[1]).mean()),
         train_accuracy=float((predict(clf, train[0], cfg, pad_id) == train[1]).mean()),
         test_accuracy=float((test_pred == test[1]).mean()),
         test_pred=test_pred,
         tokens=tokens,
         seconds=seconds,
+        truncated=truncated,
     )

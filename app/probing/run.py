@@ -162,44 +162,13 @@ class Transfer:
             lr=c.finetune_lr,
             rows=c.finetune_rows,
             batch_tokens=c.batch_tokens,
+            max_tokens=c.finetune_max_tokens,
             seed=c.seed,
             from_scratch=c.finetune_from_scratch,
         )
         splits = (train, val, (feats["test"][1], self.y["test"]))
         n_classes = len(self.classes.names)
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
-
-    def _finetune_report(self, ft, probe_val: float, probe_test: float) -> dict:
-        """transfer.json's "finetune" and "chosen": the validation accuracy picks the method (ties: probe)."""
-        from app.probing.finetune import HEAD_LR_SCALE
-
-        if ft is None:
-            return {
-                "finetune": None,
-                "chosen": {"method": "probe", "val_accuracy": probe_val, "test_accuracy": probe_test},
-            }
-        c, ft_val = self.cfg, max(ft.val_accuracy_by_epoch)
-        report = {
-            "layer": self.layers[0] if len(self.layers) == 1 else self.layers,
-            "features": "mean_hidden",
-            "from_scratch": c.finetune_from_scratch,
-            "epochs": c.finetune_epochs,
-            "lr": c.finetune_lr,
-            "head_lr": HEAD_LR_SCALE * c.finetune_lr,
-            "rows": c.finetune_rows,
-            "val_accuracy_by_epoch": ft.val_accuracy_by_epoch,
-            "train_loss_by_epoch": ft.train_loss_by_epoch,
-            "best_epoch": ft.best_epoch,
-            "train_accuracy": ft.train_accuracy,
-            "test_accuracy": ft.test_accuracy,
-            "tokens": ft.tokens,
-            "seconds": ft.seconds,
-            "tokens_per_s": ft.tokens / ft.seconds if ft.seconds else None,
-        }
-        picked = (
-            ("finetune", ft_val, ft.test_accuracy) if ft_val > probe_val else ("probe", probe_val, probe_test)
-        )
-        return {"finetune": report, "chosen": dict(zip(("method", "val_accuracy", "test_accuracy"), picked))}
 
     def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
         from app.probing.features import neuron_trace
@@ -280,10 +249,44 @@ class Transfer:
                 "device": device,
             },
             "figures": pngs,
-            **self._finetune_report(finetuned, best_val[kind], probe.test_accuracy),
+            **finetune_report(c, self.layers, finetuned, best_val[kind], probe.test_accuracy),
         }
         atomic_write(self.out / "transfer.json", json.dumps(result, indent=1))
         return result
+
+
+def finetune_report(cfg: TransferConfig, layers: list[int], ft, probe_val: float, probe_test: float) -> dict:
+    """transfer.json's "finetune" and "chosen": the validation accuracy picks probe or fine-tuned (ties: the
+    probe). A --finetune-from-scratch run is a control, not a candidate: its "chosen" is None."""
+    from app.probing.finetune import HEAD_LR_SCALE
+
+    probe = {"method": "probe", "val_accuracy": probe_val, "test_accuracy": probe_test}
+    if ft is None:
+        return {"finetune": None, "chosen": probe}
+    report = {
+        "layer": layers[0] if len(layers) == 1 else layers,
+        "features": "mean_hidden",
+        "from_scratch": cfg.finetune_from_scratch,
+        "epochs": cfg.finetune_epochs,
+        "lr": cfg.finetune_lr,
+        "head_lr": HEAD_LR_SCALE * cfg.finetune_lr,
+        "rows": cfg.finetune_rows,
+        "max_tokens": cfg.finetune_max_tokens,
+        "texts_cut": ft.truncated,
+        "val_accuracy_by_epoch": ft.val_accuracy_by_epoch,
+        "train_loss_by_epoch": ft.train_loss_by_epoch,
+        "best_epoch": ft.best_epoch,
+        "val_accuracy": ft.val_accuracy,
+        "train_accuracy": ft.train_accuracy,
+        "test_accuracy": ft.test_accuracy,
+        "tokens": ft.tokens,
+        "train_seconds": ft.seconds,
+        "tokens_per_s": ft.tokens / ft.seconds if ft.seconds else None,
+    }
+    if cfg.finetune_from_scratch:
+        return {"finetune": report, "chosen": None}
+    tuned = {"method": "finetune", "val_accuracy": ft.val_accuracy, "test_accuracy": ft.test_accuracy}
+    return {"finetune": report, "chosen": tuned if ft.val_accuracy > probe_val else probe}
 
 
 def _progress(line: str) -> None:
@@ -295,9 +298,15 @@ def _finetune_lines(result: dict) -> list[str]:
     if ft is None:
         return []
     what = "from a fresh initialisation (control)" if ft["from_scratch"] else "from the checkpoint"
-    return [
+    cut = f", {ft['texts_cut']} texts cut to {ft['max_tokens']} tokens" if ft["texts_cut"] else ""
+    lines = [
         f"fine-tuned {what}, mean output of layer {ft['layer']}: best epoch {ft['best_epoch']} of "
-        f"{ft['epochs']}, test accuracy {ft['test_accuracy']:.4f} ({ft['tokens_per_s']:,.0f} tokens/s)",
+        f"{ft['epochs']}, test accuracy {ft['test_accuracy']:.4f} ({ft['tokens_per_s'] or 0:,.0f} tokens/s{cut})"
+    ]
+    if chosen is None:
+        return [*lines, "picked on validation: nothing (a --finetune-from-scratch run is a control)"]
+    return [
+        *lines,
         f"picked on validation: {chosen['method']} (validation {chosen['val_accuracy']:.4f}), "
         f"test accuracy {chosen['test_accuracy']:.4f}",
     ]
