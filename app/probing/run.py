@@ -111,27 +111,31 @@ class Transfer:
             return np.arange(len(self.train.texts)), None
         return _split_train(self.train, self.y["train"], self.cfg.val_fraction, self.cfg.seed)
 
+    def _pairs(self, train, validation, test):
+        """Per-split items (an array or a list, one per row of --train / --validation / --test) -> the
+        (train, validation, test) (items, y) pairs every fit uses: --validation's rows, or the seeded split
+        of --train's (validation is then ignored)."""
+        tr_idx, val_idx = self._split()
+        y, test_pair = self.y["train"], (test, self.y["test"])
+        if val_idx is None:
+            return (train, y), (validation, self.y["validation"]), test_pair
+
+        def take(items, idx):
+            return items[idx] if isinstance(items, np.ndarray) else [items[i] for i in idx]
+
+        return (take(train, tr_idx), y[tr_idx]), (take(train, val_idx), y[val_idx]), test_pair
+
     def _xy(self, feats: dict, kind: str):
         """(train, validation, test) (X, y) pairs of one feature kind."""
-        tr_idx, val_idx = self._split()
-        Xtr, ytr = feats["train"][0].features[kind], self.y["train"]
-        test = (feats["test"][0].features[kind], self.y["test"])
-        if val_idx is None:
-            return (Xtr, ytr), (feats["validation"][0].features[kind], self.y["validation"]), test
-        return (Xtr[tr_idx], ytr[tr_idx]), (Xtr[val_idx], ytr[val_idx]), test
+        X = {k: f.features[kind] for k, (f, _) in feats.items()}
+        return self._pairs(X["train"], X.get("validation"), X["test"])
 
     def _baseline(self) -> dict:
         from app.probing.ngram import ngram_baseline
 
-        tr_idx, val_idx = self._split()
-        texts, y = self.train.texts, self.y["train"]
-        train = ([texts[i] for i in tr_idx], y[tr_idx])
-        val = (
-            (self.val.texts, self.y["validation"])
-            if val_idx is None
-            else ([texts[i] for i in val_idx], y[val_idx])
-        )
-        return ngram_baseline(train, val, (self.test.texts, self.y["test"]), self.cfg.seed)
+        val_texts = self.val.texts if self.val is not None else None
+        splits = self._pairs(self.train.texts, val_texts, self.test.texts)
+        return ngram_baseline(*splits, self.cfg.seed)
 
     def _probe(self, feats: dict):
         """The probe of each feature kind tried; the validation accuracy (best over C) picks one (ties: the
@@ -150,13 +154,8 @@ class Transfer:
         c = self.cfg
         if c.finetune_epochs == 0:
             return None
-        tr_idx, val_idx = self._split()
-        ids, y = feats["train"][1], self.y["train"]
-        train = ([ids[i] for i in tr_idx], y[tr_idx])
-        if val_idx is None:
-            val = (feats["validation"][1], self.y["validation"])
-        else:
-            val = ([ids[i] for i in val_idx], y[val_idx])
+        ids = {k: seqs for k, (_, seqs) in feats.items()}
+        splits = self._pairs(ids["train"], ids.get("validation"), ids["test"])
         cfg = FineTuneConfig(
             epochs=c.finetune_epochs,
             lr=c.finetune_lr,
@@ -166,7 +165,6 @@ class Transfer:
             seed=c.seed,
             from_scratch=c.finetune_from_scratch,
         )
-        splits = (train, val, (feats["test"][1], self.y["test"]))
         n_classes = len(self.classes.names)
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
 
