@@ -19,7 +19,10 @@ documents (its chunks, consecutive examples in data_prep's order) read as one st
 --dynamic (one process): each split row / --text file is also read in order, --dyn-segment tokens at a
 time with the state carried, the weights adapting after each scored segment (Krause et al. 2018; see
 app/training/dynamic_eval.py); the table adds bits/byte with the state carried and static weights
-("static carried"), dynamically ("dynamic") and the gain over the static figure.
+("static carried"), dynamically ("dynamic") and the gain over the static figure. Several --dyn-lr step
+sizes (the default: 3e-4 1e-3 3e-3) each adapt a learner from the trained weights; "dynamic" is their
+Bayesian mixture (within ln K nats of the best one for the text, chosen as it is read), and the JSON's
+dynamic_by_lr has each learner's figure and final weight.
 
 Results: a small table on stdout and a JSON file (--out; default <run>/eval/<tag>.json).
 """

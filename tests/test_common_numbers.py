@@ -47,7 +47,9 @@ CLIS = {  # each CLI's config class (app/export.py and app/plot.py take no numbe
 
 
 def _numeric_fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls) if field_types(cls)[f.name][0] in (int, float)]
+    return [
+        f.name for f in dataclasses.fields(cls) if field_types(cls)[f.name][0] in (int, float, list[float])
+    ]
 
 
 def _outcome(cli: str, field: str, value: str, capsys) -> str:
@@ -61,7 +63,9 @@ def _outcome(cli: str, field: str, value: str, capsys) -> str:
     except SystemExit as e:  # data_prep's argparse: a non-number for an integer flag
         assert e.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
-    assert value in ("0", "-1") and getattr(cfg, field) == float(value), f"{flag} {value} was taken"
+    taken = getattr(cfg, field)
+    taken = taken[0] if isinstance(taken, list) else taken  # a list of numbers: the one given
+    assert value in ("0", "-1") and taken == float(value), f"{flag} {value} was taken"
     return ""
 
 

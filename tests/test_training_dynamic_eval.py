@@ -7,6 +7,7 @@ unsplit pass; the end-to-end tests run the real CLI on the real training run of 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from app.evaluate import main as evaluate_main
 from app.model.config import debug_config
 from app.model.core import mlstm_sequence_from
 from app.model.layers import RecurrentLayer
-from app.training.dynamic_eval import DynamicEvaluator
+from app.training.dynamic_eval import DynamicEvaluator, DynamicResult
 
 
 @pytest.mark.parametrize("core", ["python", "fused"])
@@ -59,11 +60,55 @@ def test_segments_are_scored_before_the_update():
     """The first segment's loss with adaptation equals its loss without: no token sees its own gradient."""
     model = tiny()
     ids = list(range(3, 40)) * 2
-    dyn = DynamicEvaluator(model, lr=1e-2, decay=0.0, segment=len(ids) - 1)  # one segment: nothing to gain
+    dyn = DynamicEvaluator(model, [1e-2], decay=0.0, segment=len(ids) - 1)  # one segment: nothing to gain
     res = dyn.evaluate([ids])
     assert res.dynamic_nats == pytest.approx(res.carried_nats, rel=1e-6)
     for p, p0 in zip(dyn.params, model.parameters()):  # reset to the trained weights afterwards
         assert torch.equal(p, p0)
+
+
+def online_mixture(logp: torch.Tensor) -> float:
+    """Reference in float64: K learners' log-probabilities of each realised token (K, N) mixed token by
+    token, each weighted by its prior 1/K times the probability it gave the tokens before -> summed nats."""
+    k = logp.shape[0]
+    log_w, nats = torch.full((k,), -math.log(k), dtype=torch.float64), 0.0
+    for t in range(logp.shape[1]):
+        joint = log_w + logp[:, t]
+        p = torch.logsumexp(joint, 0)
+        nats -= float(p)
+        log_w = joint - p  # the posterior after token t
+    return nats
+
+
+def test_mixture_figure_is_the_token_by_token_bayesian_mixture():
+    """The figure computed from the learners' totals equals the mixture run token by token (fresh random
+    log-probabilities), lies within ln K of the best learner, and is the learner itself when K = 1."""
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    k, n = 4, 400
+    logp = torch.log_softmax(3 * torch.randn(k, n, 30, generator=g, dtype=torch.float64), -1)[..., 0]
+    totals = tuple(float(-row.sum()) for row in logp)
+    res = DynamicResult(0.0, (1e-4, 3e-4, 1e-3, 3e-3), totals, n, 0.0, 0.0)
+    assert res.dynamic_nats == pytest.approx(online_mixture(logp), rel=1e-12)
+    assert min(totals) <= res.dynamic_nats <= min(totals) + math.log(k)
+    assert (
+        sum(res.posterior()) == pytest.approx(1.0)
+        and max(res.posterior()) == res.posterior()[totals.index(min(totals))]
+    )
+    assert DynamicResult(0.0, (1e-3,), totals[:1], n, 0.0, 0.0).dynamic_nats == totals[0]
+    far = DynamicResult(0.0, (1.0, 2.0), (1e7, 1e7 + 1.0), n, 0.0, 0.0)  # large totals: no overflow
+    assert far.dynamic_nats == pytest.approx(1e7 - math.log((1 + math.exp(-1)) / 2), rel=1e-15)
+
+
+def test_each_step_size_starts_from_the_trained_weights():
+    """Learners run one after another; each starts from θ0 and an empty RMS, so a learner's figure does not
+    depend on the step sizes read before it."""
+    model = tiny()
+    ids = [2, *(list(range(3, 40)) * 3)]
+    both = DynamicEvaluator(model, [1e-2, 3e-3], decay=0.01, segment=8).evaluate([ids])
+    alone = [DynamicEvaluator(model, [lr], decay=0.01, segment=8).evaluate([ids]) for lr in (1e-2, 3e-3)]
+    assert both.learner_nats == (alone[0].learner_nats[0], alone[1].learner_nats[0])
+    assert both.learner_nats[0] != both.learner_nats[1]
+    assert both.carried_nats == alone[0].carried_nats
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -103,7 +148,16 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
     assert ra["dynamic"] == rb["dynamic"] and ra["static carried"] == rb["static carried"]  # deterministic
     assert ra["dynamic"] < 0.9 * ra["static carried"] and ra["dynamic"] < 0.9 * ra["bits/byte"], ra
     assert ra["dyn gain %"] == pytest.approx(100 * (1 - ra["dynamic"] / ra["bits/byte"]))
-    assert a["dynamic"] == {"lr": 1e-3, "decay": 0.02, "segment": 32}
+    assert a["dynamic"] == {"lr": [1e-3], "decay": 0.02, "segment": 32}
+    assert [d["lr"] for d in ra["dynamic_by_lr"]] == [1e-3] and ra["dynamic_by_lr"][0]["bits/byte"] == ra[
+        "dynamic"
+    ]
+    c = evaluate_cli(run_dir, tmp_path / "c.json", *args[:4], "3e-3", *args[5:])
+    m = evaluate_cli(run_dir, tmp_path / "m.json", *args[:4], "1e-3", "3e-3", *args[5:])["texts"][0]
+    alone = [ra["dynamic"], c["texts"][0]["dynamic"]]
+    assert [d["bits/byte"] for d in m["dynamic_by_lr"]] == alone  # each learner as if run alone
+    ln2_bits_per_byte = 1.0 / m["bytes"]  # ln 2 nats over the text, in bits per byte
+    assert min(alone) <= m["dynamic"] <= min(alone) + ln2_bits_per_byte
 
 
 @pytest.mark.parametrize(
@@ -112,7 +166,8 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
         (["--dyn-segment", "0"], "--dyn-segment"),
         (["--dyn-lr", "-1"], "--dyn-lr"),
         (["--dyn-decay", "nan"], "--dyn-decay"),
-        (["--dyn-lr", "fast"], "--dyn-lr: expects a number"),
+        (["--dyn-lr", "fast"], "--dyn-lr: expects a list of numbers"),
+        (["--dyn-lr", "1e-3", "nan"], "--dyn-lr"),
     ],
 )
 def test_bad_dynamic_flags_are_one_clear_line(tmp_path, capsys, args, needle):

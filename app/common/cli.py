@@ -1,6 +1,7 @@
 """Command lines from typed dataclasses: each field is a `--field-name` flag, its docstring the --help text.
 
-One typing rule for flags and config files: `int`, `float`, `str`, `bool`, `list[str]`, `X | None`, and
+One typing rule for flags and config files: `int`, `float`, `str`, `bool`, `list[str]`, `list[float]`,
+`X | None`, and
 `Literal[...]` (a closed set of choices, listed in --help). Booleans are `--x` / `--no-x`; `--x true|false`
 (and `--x=false`) still work. `--config FILE` (YAML or JSON, app.common.config_file) sets any field;
 precedence: the dataclass defaults < the config file < the command line. Every bad value or unknown name is
@@ -73,7 +74,7 @@ def describe_type(tp: Any) -> str:
     if (opts := choices(tp)) is not None:
         return "one of " + ", ".join(map(str, opts))
     if typing.get_origin(tp) is list:
-        return "a list of strings"
+        return "a list of numbers" if typing.get_args(tp) == (float,) else "a list of strings"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
@@ -104,8 +105,12 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
             return None
         raise bad
     if typing.get_origin(tp) is list:
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        items = [value] if isinstance(value, (str, int, float)) else value
+        if not isinstance(items, list):
+            raise bad
+        if typing.get_args(tp) == (float,):
+            return [_number(v, bad) for v in items]
+        if not all(isinstance(v, str) for v in items):
             raise bad
         return list(items)
     if (opts := choices(tp)) is not None:
@@ -129,6 +134,16 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
     try:
         return tp(value)
     except (TypeError, ValueError):
+        raise bad from None
+
+
+def _number(value: Any, bad: UserError) -> float:
+    """One item of a `list[float]` field (a flag's string or a config file's number)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise bad
+    try:
+        return float(value)
+    except ValueError:
         raise bad from None
 
 

@@ -18,13 +18,14 @@ from app.common.cli import flag_of
 
 
 def check_numbers(obj: Any, *, signed: tuple[str, ...] = (), name_of: Callable[[str], str] = flag_of) -> None:
-    """Every int/float field of the dataclass `obj` (None skipped) finite, and >= 0 unless it is in `signed`.
-    Raises ValueError naming the flag (`name_of(field)`)."""
+    """Every int/float field of the dataclass `obj` (None skipped), and every number in a list field, finite,
+    and >= 0 unless it is in `signed`. Raises ValueError naming the flag (`name_of(field)`)."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not math.isfinite(value):
-            raise ValueError(f"{name_of(f.name)}: expects a finite number, got {value}")
-        if value < 0 and f.name not in signed:
-            raise ValueError(f"{name_of(f.name)}: must not be negative, got {value}")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if not math.isfinite(v):
+                raise ValueError(f"{name_of(f.name)}: expects a finite number, got {v}")
+            if v < 0 and f.name not in signed:
+                raise ValueError(f"{name_of(f.name)}: must not be negative, got {v}")

@@ -12,9 +12,17 @@ the running mean over the segments already scored (an evaluation may have no tra
 first steps are sign-like and the normaliser settles as the text is read. The weights change only in
 this process's private copy of the model: the checkpoint on disk is never written.
 
+No step size is best on every text (bench/README.md: source code wants large steps, a short novel
+small ones), so --dyn-lr may name several. One learner then reads the text at each step size, and the
+score is their Bayesian mixture: every token predicted by all learners, each weighted by its prior 1/K times
+the probability it gave the text before that token. Its code length telescopes to
+-ln Σ_k (1/K) exp(-L_k), with L_k learner k's nats on the whole text, so it is computed from the learners'
+totals, run one after another on one copy of the model; it lies within ln K nats of the best step size's
+figure, and the choice is made as the text is read: no token is scored by a rule that saw it.
+
 The same loop with no update ("static, state carried") separates what carrying the state across
 segments gains from what adapting the weights gains. Nothing is random (eval mode: no dropout), so the
-result is a pure function of the checkpoint, the text and the three settings.
+result is a pure function of the checkpoint, the text and the settings.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,18 +44,34 @@ EPS = 1e-8
 @dataclass(frozen=True, slots=True)
 class DynamicResult:
     carried_nats: float  # static weights, state carried across segments
-    dynamic_nats: float
+    lrs: tuple[float, ...]  # the learners' step sizes
+    learner_nats: tuple[float, ...]  # each learner's nats on the whole text
     tokens: int
     carried_seconds: float
-    dynamic_seconds: float
+    dynamic_seconds: float  # all learners
+
+    @property
+    def dynamic_nats(self) -> float:
+        """The Bayesian mixture's code length: -ln Σ_k (1/K) exp(-L_k) (one learner: its own nats)."""
+        best = min(self.learner_nats)
+        return best - math.log(sum(math.exp(best - n) for n in self.learner_nats) / len(self.learner_nats))
+
+    def posterior(self) -> tuple[float, ...]:
+        """Each step size's mixture weight after the whole text (proportional to exp(-L_k))."""
+        best = min(self.learner_nats)
+        w = [math.exp(best - n) for n in self.learner_nats]
+        return tuple(x / sum(w) for x in w)
 
 
 class DynamicEvaluator:
-    """Holds a private copy of the model, its trained weights θ0 and the running mean squared gradient."""
+    """Holds a private copy of the model, its trained weights θ0 and the running mean squared gradient;
+    `lrs`: one step size per learner (the learners run one after another from θ0)."""
 
-    def __init__(self, model: LanguageModel, lr: float, decay: float, segment: int) -> None:
+    def __init__(self, model: LanguageModel, lrs: Sequence[float], decay: float, segment: int) -> None:
+        if not lrs:
+            raise ValueError("dynamic evaluation needs at least one step size")
         self.model = copy.deepcopy(model).eval()
-        self.lr, self.decay, self.segment = lr, decay, segment
+        self.lrs, self.decay, self.segment = tuple(lrs), decay, segment
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.theta0 = [p.detach().clone() for p in self.params]
         self.mean_sq = [torch.zeros_like(p) for p in self.params]
@@ -65,8 +90,8 @@ class DynamicEvaluator:
         return nats, new
 
     @torch.no_grad()
-    def _update(self) -> None:
-        """One RMS-normalised step from the gradients in .grad, decaying towards θ0."""
+    def _update(self, lr: float) -> None:
+        """One RMS-normalised step of size `lr` from the gradients in .grad, decaying towards θ0."""
         self.updates += 1
         n = self.updates
         for p, ms in zip(self.params, self.mean_sq):
@@ -77,17 +102,18 @@ class DynamicEvaluator:
         for p, p0, r in zip(self.params, self.theta0, rms):
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             rate = (self.decay * r / total).clamp_(max=1.0)  # per-element pull towards θ0
-            p.add_(rate * (p0 - p) - self.lr * g / (r + EPS))
+            p.add_(rate * (p0 - p) - lr * g / (r + EPS))
             p.grad = None
 
-    def sequence(self, ids: list[int] | torch.Tensor, adapt: bool) -> float:
-        """Summed nats of predicting ids[1:] (ids[0] is BOS), segment by segment with the state carried."""
+    def sequence(self, ids: list[int] | torch.Tensor, lr: float | None) -> float:
+        """Summed nats of predicting ids[1:] (ids[0] is BOS), segment by segment with the state carried;
+        the weights adapt after each segment with step size `lr` (None: static weights)."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.model.embedding.weight.device).view(1, -1)
         state = [layer.init_state(1, ids.device) for layer in self.model.recurrent]
         total = 0.0
         for start in range(0, ids.shape[1] - 1, self.segment):
             seg = ids[:, start : start + self.segment + 1]  # (1, S + 1): S targets
-            if not adapt:
+            if lr is None:
                 with torch.no_grad():
                     nats, state = self._segment(seg, state)
                 total += float(nats)
@@ -95,7 +121,7 @@ class DynamicEvaluator:
             nats, state = self._segment(seg, state)
             total += float(nats.detach())  # scored before the weights see it
             nats.backward()
-            self._update()
+            self._update(lr)
         return total
 
     def reset(self) -> None:
@@ -107,30 +133,50 @@ class DynamicEvaluator:
         self.updates = 0
 
     def evaluate(self, sequences: list) -> DynamicResult:
-        """Every sequence (BOS first) with static weights and state carried, then adapting from θ0 in order
-        (the weights keep adapting across sequences: they are one text read in order)."""
+        """Every sequence (BOS first) with static weights and state carried, then, for each step size,
+        adapting from θ0 in order (the weights keep adapting across sequences: they are one text read in
+        order)."""
         self.reset()
         t0 = time.perf_counter()
-        carried = sum(self.sequence(s, adapt=False) for s in sequences)
+        carried = sum(self.sequence(s, None) for s in sequences)
         t1 = time.perf_counter()
-        dynamic = sum(self.sequence(s, adapt=True) for s in sequences)
-        t2 = time.perf_counter()
-        self.reset()
+        learners = []
+        for lr in self.lrs:
+            learners.append(sum(self.sequence(s, lr) for s in sequences))
+            self.reset()
         tokens = sum(len(s) - 1 for s in sequences)
-        return DynamicResult(carried, dynamic, tokens, t1 - t0, t2 - t1)
+        return DynamicResult(carried, self.lrs, tuple(learners), tokens, t1 - t0, time.perf_counter() - t1)
 
 
 DYNAMIC_COLUMNS = ("static carried", "dynamic", "dyn gain %")
 
 
 def dynamic_fields(res: DynamicResult, num_bytes: int) -> dict:
-    """Table/JSON fields: bits per byte with the state carried (static weights) and adapting, and speeds."""
+    """Table/JSON fields: bits per byte with the state carried (static weights) and adapting (the mixture
+    of the step sizes, and each alone), and speeds."""
     ln2_bytes = math.log(2) * max(1, num_bytes)
     carried, dynamic = res.carried_nats / ln2_bytes, res.dynamic_nats / ln2_bytes
     return {
         "static carried": carried,
         "dynamic": dynamic,
         "dynamic_loss": res.dynamic_nats / max(1, res.tokens),
+        "dynamic_by_lr": [
+            {"lr": lr, "bits/byte": n / ln2_bytes, "weight": w}
+            for lr, n, w in zip(res.lrs, res.learner_nats, res.posterior())
+        ],
         "carried_tokens_per_s": res.tokens / max(res.carried_seconds, 1e-9),
         "dynamic_tokens_per_s": res.tokens / max(res.dynamic_seconds, 1e-9),
     }
+
+
+def dynamic_lines(rows: list[dict]) -> list[str]:
+    """One line per table row scored with several step sizes: each alone, and its weight in the mixture."""
+    out = []
+    for r in rows:
+        learners = r.get("dynamic_by_lr") or []
+        if len(learners) > 1:
+            each = ", ".join(
+                f"{d['lr']:g}: {d['bits/byte']:.4f} (weight {d['weight']:.2f})" for d in learners
+            )
+            out.append(f"  dynamic, {r['name']}: the mixture {r['dynamic']:.4f} of step sizes {each}")
+    return out

@@ -25,7 +25,7 @@ from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
 from app.training.batching import BucketSchedule, TokenStore
 from app.training.compressors import compressed_bits_per_byte
-from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields
+from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
 from app.training.eval_config import EvalConfig
 from app.training.evaluation import EvalResult, evaluate
 from app.training.run_data import open_prepared
@@ -269,6 +269,7 @@ class Evaluator:
                 f"{self.src.describe()}\nevaluated with P={self.layout.stages} x DP={self.layout.data_parallel} "
                 f"(fp32)\n{fmt_table(rows)}",
                 *(f"  {k}: {v}" for k, v in result.get("text_scoring", {}).items()),
+                *dynamic_lines(rows),
                 sep="\n",
                 flush=True,
             )
