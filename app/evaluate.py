@@ -22,7 +22,7 @@ app/training/dynamic_eval.py); the table adds bits/byte with the state carried a
 ("static carried"), dynamically ("dynamic") and the gain over the static figure. Several --dyn-lr step
 sizes (the default: 3e-4 1e-3 3e-3) each adapt a learner from the trained weights; "dynamic" is their
 Bayesian mixture (within ln K nats of the best one for the text, chosen as it is read), and the JSON's
-dynamic_by_lr has each learner's figure and final weight.
+dynamic_by_lr has each learner's figure and final weight. K step sizes take K times as long as one.
 
 Results: a small table on stdout and a JSON file (--out; default <run>/eval/<tag>.json).
 """

@@ -64,8 +64,8 @@ def _outcome(cli: str, field: str, value: str, capsys) -> str:
         assert e.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
     taken = getattr(cfg, field)
-    taken = taken[0] if isinstance(taken, list) else taken  # a list of numbers: the one given
-    assert value in ("0", "-1") and taken == float(value), f"{flag} {value} was taken"
+    want = [float(value)] if isinstance(taken, list) else float(value)  # a list of numbers: the one given
+    assert value in ("0", "-1") and taken == want, f"{flag} {value} was taken"
     return ""
 
 

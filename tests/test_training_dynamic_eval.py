@@ -16,11 +16,13 @@ import torch
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 from test_evaluate import evaluate_cli
 
+from app.common.cli import parse_config
 from app.evaluate import main as evaluate_main
 from app.model.config import debug_config
 from app.model.core import mlstm_sequence_from
 from app.model.layers import RecurrentLayer
-from app.training.dynamic_eval import DynamicEvaluator, DynamicResult
+from app.training.dynamic_eval import DynamicEvaluator, DynamicResult, dynamic_lines
+from app.training.eval_config import EvalConfig
 
 
 @pytest.mark.parametrize("core", ["python", "fused"])
@@ -83,12 +85,13 @@ def online_mixture(logp: torch.Tensor) -> float:
 def test_mixture_figure_is_the_token_by_token_bayesian_mixture():
     """The figure computed from the learners' totals equals the mixture run token by token (fresh random
     log-probabilities), lies within ln K of the best learner, and is the learner itself when K = 1."""
-    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    seed = random.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
     k, n = 4, 400
     logp = torch.log_softmax(3 * torch.randn(k, n, 30, generator=g, dtype=torch.float64), -1)[..., 0]
     totals = tuple(float(-row.sum()) for row in logp)
     res = DynamicResult(0.0, (1e-4, 3e-4, 1e-3, 3e-3), totals, n, 0.0, 0.0)
-    assert res.dynamic_nats == pytest.approx(online_mixture(logp), rel=1e-12)
+    assert res.dynamic_nats == pytest.approx(online_mixture(logp), rel=1e-12), f"seed {seed}"
     assert min(totals) <= res.dynamic_nats <= min(totals) + math.log(k)
     assert (
         sum(res.posterior()) == pytest.approx(1.0)
@@ -97,6 +100,81 @@ def test_mixture_figure_is_the_token_by_token_bayesian_mixture():
     assert DynamicResult(0.0, (1e-3,), totals[:1], n, 0.0, 0.0).dynamic_nats == totals[0]
     far = DynamicResult(0.0, (1.0, 2.0), (1e7, 1e7 + 1.0), n, 0.0, 0.0)  # large totals: no overflow
     assert far.dynamic_nats == pytest.approx(1e7 - math.log((1 + math.exp(-1)) / 2), rel=1e-15)
+
+
+def test_a_diverged_learner_gets_no_weight():
+    """A learner whose loss is NaN (it diverged) gave the text probability 0: the mixture is that of the
+    others, each with its 1/K prior; with every learner diverged there is no finite code length."""
+    res = DynamicResult(0.0, (3e-3, 1e-3, 3e-4), (math.nan, 100.0, 101.0), 10, 0.0, 0.0)
+    assert res.dynamic_nats == pytest.approx(100.0 - math.log((1 + math.exp(-1)) / 3), rel=1e-15)
+    assert res.posterior()[0] == 0.0 and sum(res.posterior()) == pytest.approx(1.0)
+    dead = DynamicResult(0.0, (1.0, 2.0), (math.nan, math.inf), 10, 0.0, 0.0)
+    assert dead.dynamic_nats == math.inf and dead.posterior() == (0.0, 0.0)
+
+
+def test_one_line_per_text_read_with_several_step_sizes():
+    mixed = {
+        "name": "a.txt",
+        "dynamic": 1.5,
+        "dynamic_by_lr": [
+            {"lr": 3e-4, "bits/byte": 1.6, "weight": 0.0},
+            {"lr": 3e-3, "bits/byte": 1.5, "weight": 1.0},
+        ],
+    }
+    single = {
+        "name": "b.txt",
+        "dynamic": 2.0,
+        "dynamic_by_lr": [{"lr": 1e-3, "bits/byte": 2.0, "weight": 1.0}],
+    }
+    assert dynamic_lines([mixed, single, {"name": "c.txt"}]) == [
+        "  dynamic, a.txt: the mixture 1.5000 of step sizes 0.0003: 1.6000 (weight 0.00), 0.003: 1.5000 (weight 1.00)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "want"),
+    [
+        (None, [], [3e-4, 1e-3, 3e-3]),  # the default: the mixture of three
+        (None, ["--dyn-lr", "1e-3", "3e-3"], [1e-3, 3e-3]),
+        ("dyn_lr: 1e-3\n", [], [1e-3]),  # YAML reads 1e-3 as a string; one number is a list of one
+        ("dyn_lr: [0.0003, 0.003]\n", [], [3e-4, 3e-3]),
+        ("dyn_lr: [0.0003]\n", ["--dyn-lr", "0"], [0.0]),  # the flag wins over the file
+    ],
+)  # fmt: skip
+def test_dyn_lr_from_flags_and_config_files(tmp_path, config, flags, want):
+    argv = ["--checkpoint", "c", "--data", "d", *flags]
+    if config is not None:
+        (tmp_path / "e.yaml").write_text(config)
+        argv += ["--config", str(tmp_path / "e.yaml")]
+    assert parse_config(EvalConfig, argv, None).dyn_lr == want
+    assert EvalConfig(checkpoint="c", data="d", dyn_lr=1e-3).dyn_lr == [1e-3]  # programmatic: one number
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ("dyn_lr: []\n", "--dyn-lr needs at least one step size"),
+        ("dyn_lr: [true]\n", "`dyn_lr`: expects a list of numbers"),
+        ("dyn_lr: [0.001, fast]\n", "`dyn_lr`: expects a list of numbers"),
+        ("dyn_lr: [0.001, .nan]\n", "--dyn-lr: expects a finite number"),
+        ("dyn_lr: 1" + "0" * 400 + "\n", "`dyn_lr`: expects a list of numbers"),  # too large for a float
+    ],
+)  # fmt: skip
+def test_bad_dyn_lr_in_a_config_file_is_one_line(tmp_path, capsys, config, needle):
+    (tmp_path / "e.yaml").write_text(config)
+    (tmp_path / "t.txt").write_text("hello")
+    rc = evaluate_main(
+        [
+            "--checkpoint",
+            str(tmp_path),
+            "--text",
+            str(tmp_path / "t.txt"),
+            "--config",
+            str(tmp_path / "e.yaml"),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
 
 
 def test_each_step_size_starts_from_the_trained_weights():

@@ -1,9 +1,8 @@
 """Command lines from typed dataclasses: each field is a `--field-name` flag, its docstring the --help text.
 
 One typing rule for flags and config files: `int`, `float`, `str`, `bool`, `list[str]`, `list[float]`,
-`X | None`, and
-`Literal[...]` (a closed set of choices, listed in --help). Booleans are `--x` / `--no-x`; `--x true|false`
-(and `--x=false`) still work. `--config FILE` (YAML or JSON, app.common.config_file) sets any field;
+`X | None`, and `Literal[...]` (a closed set of choices, listed in --help). Booleans are `--x` / `--no-x`;
+`--x true|false` (and `--x=false`) still work. `--config FILE` (YAML or JSON, app.common.config_file) sets any field;
 precedence: the dataclass defaults < the config file < the command line. Every bad value or unknown name is
 one UserError line naming the flag, or the file, line and key; argparse's own errors are one line too.
 """
@@ -110,6 +109,8 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
             raise bad
         if typing.get_args(tp) == (float,):
             return [_number(v, bad) for v in items]
+        if typing.get_args(tp) != (str,):
+            raise TypeError(f"{cls.__name__}.{name}: only list[str] and list[float] fields are supported")
         if not all(isinstance(v, str) for v in items):
             raise bad
         return list(items)
@@ -133,7 +134,7 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
         raise bad
     try:
         return tp(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise bad from None
 
 
@@ -143,7 +144,7 @@ def _number(value: Any, bad: UserError) -> float:
         raise bad
     try:
         return float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # a word; an integer too large for a float
         raise bad from None
 
 

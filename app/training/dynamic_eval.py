@@ -50,17 +50,29 @@ class DynamicResult:
     carried_seconds: float
     dynamic_seconds: float  # all learners
 
+    def _nats(self) -> list[float]:
+        """L_k, a learner that diverged (NaN) counted as +inf: it gave the text probability 0, so the
+        mixture still has a code length, that of the others (with their 1/K priors)."""
+        return [n if math.isfinite(n) else math.inf for n in self.learner_nats]
+
     @property
     def dynamic_nats(self) -> float:
         """The Bayesian mixture's code length: -ln Σ_k (1/K) exp(-L_k) (one learner: its own nats)."""
-        best = min(self.learner_nats)
-        return best - math.log(sum(math.exp(best - n) for n in self.learner_nats) / len(self.learner_nats))
+        nats = self._nats()
+        best = min(nats)
+        if best == math.inf:
+            return math.inf
+        return best - math.log(sum(math.exp(best - n) for n in nats) / len(nats))
 
     def posterior(self) -> tuple[float, ...]:
         """Each step size's mixture weight after the whole text (proportional to exp(-L_k))."""
-        best = min(self.learner_nats)
-        w = [math.exp(best - n) for n in self.learner_nats]
-        return tuple(x / sum(w) for x in w)
+        nats = self._nats()
+        best = min(nats)
+        if best == math.inf:
+            return tuple(0.0 for _ in nats)
+        w = [math.exp(best - n) for n in nats]
+        total = sum(w)
+        return tuple(x / total for x in w)
 
 
 class DynamicEvaluator:
@@ -153,7 +165,8 @@ DYNAMIC_COLUMNS = ("static carried", "dynamic", "dyn gain %")
 
 def dynamic_fields(res: DynamicResult, num_bytes: int) -> dict:
     """Table/JSON fields: bits per byte with the state carried (static weights) and adapting (the mixture
-    of the step sizes, and each alone), and speeds."""
+    of the step sizes, and each alone), and speeds (dynamic_tokens_per_s: the text's tokens over the time
+    of all K learners, so K step sizes read K times slower than one)."""
     ln2_bytes = math.log(2) * max(1, num_bytes)
     carried, dynamic = res.carried_nats / ln2_bytes, res.dynamic_nats / ln2_bytes
     return {

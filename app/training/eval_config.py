@@ -54,6 +54,9 @@ class EvalConfig:
     """Let DeepSpeed log at INFO."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.dyn_lr, (int, float)):  # one step size given as a number (programmatic use)
+            self.dyn_lr = [self.dyn_lr]
+        self.dyn_lr = list(self.dyn_lr)
         check_numbers(self)
         if not self.checkpoint:
             raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
@@ -66,7 +69,3 @@ class EvalConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.dyn_lr:
             raise ValueError("--dyn-lr needs at least one step size")
-        for name in ("dyn_lr", "dyn_decay"):
-            value = getattr(self, name)
-            if not all(v >= 0 for v in (value if isinstance(value, list) else [value])):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
