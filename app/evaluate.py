@@ -24,6 +24,12 @@ sizes (the default: 3e-4 1e-3 3e-3) each adapt a learner from the trained weight
 Bayesian mixture (within ln K nats of the best one for the text, chosen as it is read), and the JSON's
 dynamic_by_lr has each learner's figure and final weight. K step sizes take K times as long as one.
 
+--cache (rank 0): each split document / --text file is also read as one stream with a neural cache (Grave
+et al. 2017; app/training/cache_eval.py): no weight changes, each token predicted by the model mixed with
+the tokens that followed the --cache-window earlier states most like the current one. "cache" is the
+Bayesian mixture of the --cache-lambda x --cache-theta grid (cache_by_setting in the JSON), with its gain
+over the static figure.
+
 Results: a small table on stdout and a JSON file (--out; default <run>/eval/<tag>.json).
 """
 

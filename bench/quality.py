@@ -8,7 +8,8 @@ prepared and trained on with exactly the commands launch/quickstart.sh runs (rea
 listing, so the benchmark measures the shipped CPU defaults: data_prep's flags, ds_configs/cpu_pp2_zero1.json
 on 2 processes through the real `deepspeed` launcher, 2 pipeline stages, the model preset) with
 `--time-budget` minutes. The held-out bytes are then scored as raw text by `app/evaluate.py --text` and by
-`gzip -9`, `bzip2 -9`, `xz -9`. Reported per (corpus, budget): held-out bits/byte, the compressors on the
+`gzip -9`, `bzip2 -9`, `xz -9`. Reported per (corpus, budget): held-out bits/byte (also as one stream, and
+with evaluate.py's neural cache: no weight changes, seconds to compute), the compressors on the
 same bytes, tokens/s and MFU (median of the steps after the first 3, from metrics.jsonl), steps, training
 seconds, and whether the target is met (below `gzip -9` for budgets under 10 minutes, below `bzip2 -9`
 from 10 minutes). `--dynamic` adds evaluate.py's dynamic evaluation (state carried through the text, the
@@ -218,8 +219,8 @@ def train(data: Path, out: Path, args, budget: float | None, port: int, carry: b
 
 
 def score(run_dir: Path, held: Path, port: int, dynamic: bool) -> dict:
-    """bits/byte of the held-out text through app/evaluate.py --text, with the compressors' figures
-    (and, with `dynamic`, the state carried through the text and dynamic evaluation)."""
+    """bits/byte of the held-out text through app/evaluate.py --text --cache, with the compressors' and the
+    neural cache's figures (and, with `dynamic`, the state carried through the text and dynamic evaluation)."""
     out = run_dir / "heldout_eval.json"
     cmd = [
         sys.executable,
@@ -230,6 +231,7 @@ def score(run_dir: Path, held: Path, port: int, dynamic: bool) -> dict:
         str(held),
         "--out",
         str(out),
+        "--cache",  # seconds, beside the minutes of --dynamic
     ]
     cmd += ["--dynamic"] if dynamic else []
     run(cmd, run_dir.parent / f"{run_dir.name}.eval.log", {"MASTER_PORT": str(port)})
@@ -361,6 +363,7 @@ def main() -> None:
                 "heldout_bytes": ev["bytes"],
                 "bits_per_byte": ev["bits/byte"],
                 "stream_bits_per_byte": ev.get("stream bits/byte"),
+                "cache_bits_per_byte": ev["cache"],
                 "gzip -9": ev["gzip -9"],
                 "bzip2 -9": ev["bzip2 -9"],
                 "xz -9": ev["xz -9"],
@@ -375,7 +378,7 @@ def main() -> None:
             results.append(row)
             print(
                 f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte "
-                f"(stream {row['stream_bits_per_byte']:.3f}) | gzip {row['gzip -9']:.3f} "
+                f"(stream {row['stream_bits_per_byte']:.3f}, cache {row['cache_bits_per_byte']:.3f}) | gzip {row['gzip -9']:.3f} "
                 f"bzip2 {row['bzip2 -9']:.3f} xz {row['xz -9']:.3f} | {row['steps']} steps, "
                 f"{row['tokens_per_s']:.0f} tok/s, mfu {row['mfu']:.3f} | target {row['target']}: "
                 f"{'met' if row['target_met'] else 'MISSED'}"

@@ -4,7 +4,8 @@
   logits after each row's last real token and the recurrent state there;
 - `step(ids, state)`: one token per row: the prompt is never re-read;
 - `read(ids, state)`: every position's logits of full-width rows from `state`, and the state after them
-  (a long text scored as one stream, a chunk at a time: `app.training.stream_eval`).
+  (a long text scored as one stream, a chunk at a time: `app.training.stream_eval`); `hidden(ids, state)`
+  the top layer's outputs there (the neural cache's keys: `app.training.cache_eval`).
 Weight normalisation is applied once when the Decoder is built, not once per token. The cell math is
 the model's own (`RecurrentLayer.prefill/step` -> `app.model.mlstm_core`).
 """
@@ -60,11 +61,17 @@ class Decoder:
         return self.model.head(x[rows, lengths - 1]), new  # head only where it is needed: (B, V)
 
     @torch.no_grad()
+    def hidden(self, ids: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
+        """ids (B, T), every position read, from `state` (zero when None) -> (the top recurrent layer's
+        outputs (B, T, H), state after the T tokens)."""
+        full = torch.full((ids.shape[0],), ids.shape[1], device=self.device)
+        return self._layers(ids, full, state)
+
+    @torch.no_grad()
     def read(self, ids: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         """ids (B, T), every position read, from `state` (zero when None) -> (logits (B, T, V), state after
         the T tokens)."""
-        full = torch.full((ids.shape[0],), ids.shape[1], device=self.device)
-        x, new = self._layers(ids, full, state)  # (B, T, H)
+        x, new = self.hidden(ids, state)  # (B, T, H)
         return self.model.head(x), new  # (B, T, V)
 
     @torch.no_grad()

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from app.model.lm import LanguageModel
+from app.training.mixture import mixture_nats, posterior
 
 EPS = 1e-8
 
@@ -50,29 +51,14 @@ class DynamicResult:
     carried_seconds: float
     dynamic_seconds: float  # all learners
 
-    def _nats(self) -> list[float]:
-        """L_k, a learner that diverged (NaN) counted as +inf: it gave the text probability 0, so the
-        mixture still has a code length, that of the others (with their 1/K priors)."""
-        return [n if math.isfinite(n) else math.inf for n in self.learner_nats]
-
     @property
     def dynamic_nats(self) -> float:
-        """The Bayesian mixture's code length: -ln Σ_k (1/K) exp(-L_k) (one learner: its own nats)."""
-        nats = self._nats()
-        best = min(nats)
-        if best == math.inf:
-            return math.inf
-        return best - math.log(sum(math.exp(best - n) for n in nats) / len(nats))
+        """The Bayesian mixture's code length over the step sizes (app/training/mixture.py)."""
+        return mixture_nats(self.learner_nats)
 
     def posterior(self) -> tuple[float, ...]:
         """Each step size's mixture weight after the whole text (proportional to exp(-L_k))."""
-        nats = self._nats()
-        best = min(nats)
-        if best == math.inf:
-            return tuple(0.0 for _ in nats)
-        w = [math.exp(best - n) for n in nats]
-        total = sum(w)
-        return tuple(x / total for x in w)
+        return posterior(self.learner_nats)
 
 
 class DynamicEvaluator:

@@ -50,13 +50,24 @@ class EvalConfig:
     """Dynamic evaluation: pull towards the trained weights per update (scaled per weight by its RMS)."""
     dyn_segment: int = 32
     """Dynamic evaluation: tokens scored per update."""
+    cache: bool = False
+    """Also score each --text file, and each document of --split, with a neural cache (Grave et al. 2017):
+    read as one stream, each token predicted by the model mixed with a copy of the tokens that followed
+    earlier states like the current one (no weight changes; app/training/cache_eval.py); on rank 0."""
+    cache_window: int = 4096
+    """Neural cache: earlier positions it holds."""
+    cache_lambda: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3])
+    """Neural cache: weights of the cache in the mixture with the model; with --cache-theta a grid whose
+    settings are scored as their Bayesian mixture (within ln K nats of the best for the text)."""
+    cache_theta: list[float] = field(default_factory=lambda: [0.03, 0.1, 0.3, 1.0])
+    """Neural cache: sharpness of its softmax over earlier states (dot products of top-layer outputs)."""
     verbose: bool = False
     """Let DeepSpeed log at INFO."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.dyn_lr, (int, float)):  # one step size given as a number (programmatic use)
-            self.dyn_lr = [self.dyn_lr]
-        self.dyn_lr = list(self.dyn_lr)
+        for name in ("dyn_lr", "cache_lambda", "cache_theta"):
+            value = getattr(self, name)  # one number given in code: a list of one
+            setattr(self, name, [value] if isinstance(value, (int, float)) else list(value))
         check_numbers(self)
         if not self.checkpoint:
             raise ValueError("--checkpoint is required (a run directory, checkpoint or export folder)")
@@ -64,8 +75,11 @@ class EvalConfig:
             raise ValueError("nothing to evaluate: give --data DIR (with --split) and/or --text FILE...")
         if self.split not in SPLITS:
             raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
-        for name in ("text_chunk_len", "pipeline_stages", "micro_batch", "dyn_segment"):
+        for name in ("text_chunk_len", "pipeline_stages", "micro_batch", "dyn_segment", "cache_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if not self.dyn_lr:
-            raise ValueError("--dyn-lr needs at least one step size")
+        for name in ("dyn_lr", "cache_lambda", "cache_theta"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name.replace('_', '-')} needs at least one value")
+        if not all(lam < 1 for lam in self.cache_lambda):  # 1: a token not in the cache has probability 0
+            raise ValueError(f"--cache-lambda: each must be in [0, 1), got {self.cache_lambda}")

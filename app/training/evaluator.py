@@ -24,6 +24,7 @@ from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
 from app.training.batching import BucketSchedule, TokenStore
+from app.training.cache_eval import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.training.compressors import compressed_bits_per_byte
 from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
 from app.training.eval_config import EvalConfig
@@ -89,7 +90,7 @@ def fmt_table(rows: list[dict]) -> str:
     cols = ["", "tokens", "bytes", "loss", "ppl", "bits/byte"]
     cols += [c for c in STREAM_COLUMNS if any(c in r for r in rows)]
     cols += ["gzip -9", "bzip2 -9", "xz -9"]
-    cols += [c for c in DYNAMIC_COLUMNS if any(c in r for r in rows)]
+    cols += [c for c in DYNAMIC_COLUMNS + CACHE_COLUMNS if any(c in r for r in rows)]
 
     def cell(r: dict, c: str) -> str:
         if c == "":
@@ -107,11 +108,17 @@ def fmt_table(rows: list[dict]) -> str:
     )
 
 
-def text_scoring(chunk: int, stream: bool) -> dict:
-    """What each --text figure is, for the JSON beside them."""
+def text_scoring(cfg: EvalConfig, rank0: bool) -> dict:
+    """What each --text figure is, for the JSON beside them (the stream and cache ones on rank 0)."""
+    chunk = cfg.text_chunk_len
     out = {"bits/byte": f"{chunk}-token pieces (--text-chunk-len), each read from a fresh state after BOS"}
-    if stream:
+    if cfg.stream and rank0:
         out["stream bits/byte"] = "the whole file read as one stream, the state carried from piece to piece"
+    if cfg.cache and rank0:
+        out["cache"] = (
+            f"read as one stream with a neural cache of the last {cfg.cache_window} positions (no weight "
+            "changes): the Bayesian mixture of the --cache-lambda x --cache-theta settings"
+        )
     return out
 
 
@@ -164,11 +171,9 @@ class Evaluator:
             inference=True,
         )
         self.engine.module.load_state_dict(to_module_state(self.full, self.engine.module), strict=True)
-        self.stream = None
-        if (
-            self.cfg.stream and (self.texts or self.data) and self.rank == 0
-        ):  # one process reads each in order
-            self.stream = Decoder(self.src.load_model(state=self.full))
+        self.decoder = None  # the stream and cache readers: one process reads each text in order
+        if (self.cfg.stream or self.cfg.cache) and (self.texts or self.data) and self.rank == 0:
+            self.decoder = Decoder(self.src.load_model(state=self.full))
         del self.full
         self.dynamic = None
         if self.cfg.dynamic:  # a private copy that adapts; the engine's weights stay the trained ones
@@ -195,20 +200,24 @@ class Evaluator:
         row.update(dyn)
         return dyn
 
-    def _stream(self, text: str, num_bytes: int) -> dict:
-        """The stream fields of one --text file: read once, the state carried (app/training/stream_eval.py)."""
-        t = self.tokenizer
-        ids = np.asarray([*t.encode(text), t.eos_id], dtype=np.int64)
-        res = stream_nats(self.stream, [ids], t.bos_id, t.pad_id, self.cfg.text_chunk_len, rows=1)
-        return stream_fields(res, num_bytes)
-
-    def _split_stream(self, store: TokenStore, num_bytes: int) -> dict:
-        """The split's documents, each read as one stream (its chunks in order, the state carried)."""
-        t = self.tokenizer
-        seqs = split_documents(store, t.eos_id)
-        return stream_fields(
-            stream_nats(self.stream, seqs, t.bos_id, t.pad_id, self.cfg.text_chunk_len), num_bytes
-        )
+    def _with_streams(self, row: dict, seqs: list[np.ndarray], num_bytes: int) -> dict:
+        """Add to `row` the fields of `seqs` (targets: a --text file's tokens and EOS, or a split's documents)
+        each read as one stream, the state carried (--stream: app/training/stream_eval.py), and with the
+        neural cache (--cache: app/training/cache_eval.py); on rank 0 -> the fields added."""
+        if self.decoder is None:
+            return {}
+        t, c = self.tokenizer, self.cfg
+        out: dict = {}
+        if c.stream:
+            res = stream_nats(self.decoder, seqs, t.bos_id, t.pad_id, c.text_chunk_len)
+            out |= stream_fields(res, num_bytes)
+        if c.cache:
+            grid = [(lam, theta) for lam in c.cache_lambda for theta in c.cache_theta]
+            res = cache_nats(self.decoder, seqs, t.bos_id, c.text_chunk_len, c.cache_window, grid)
+            out |= cache_fields(res, num_bytes)
+            out["cache gain %"] = 100.0 * (1.0 - out["cache"] / row["bits/byte"])
+        row.update(out)
+        return out
 
     def run(self) -> tuple[dict, list[dict]]:
         """-> (the JSON result, one table row per evaluated source)."""
@@ -233,9 +242,10 @@ class Evaluator:
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
-            if self.stream is not None:
-                rows[-1].update(self._split_stream(store, res.num_bytes))
-                result.update({f"{cfg.split}/{k}": v for k, v in rows[-1].items() if k.startswith("stream")})
+            streams = self._with_streams(
+                rows[-1], split_documents(store, self.tokenizer.eos_id), res.num_bytes
+            )
+            result.update({f"{cfg.split}/{k}": v for k, v in streams.items()})
             if self.dynamic is not None:
                 seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
                 dyn = self._with_dynamic(rows[-1], seqs, res.num_bytes)
@@ -245,18 +255,24 @@ class Evaluator:
             res = self._run(text_store(self.tokenizer, text, cfg.text_chunk_len), [cfg.text_chunk_len])
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
-            if self.stream is not None:
-                row.update(self._stream(text, len(raw)))
+            t = self.tokenizer
+            ids = [*t.encode(text), t.eos_id]
+            self._with_streams(row, [np.asarray(ids, dtype=np.int64)], len(raw))
             if self.dynamic is not None:
-                t = self.tokenizer
-                self._with_dynamic(row, [[t.bos_id, *t.encode(text), t.eos_id]], len(raw))
+                self._with_dynamic(row, [[t.bos_id, *ids]], len(raw))
             rows.append(row)
             result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
         result["text_chunk_len"] = cfg.text_chunk_len
         if self.texts:
-            result["text_scoring"] = text_scoring(cfg.text_chunk_len, self.stream is not None)
+            result["text_scoring"] = text_scoring(cfg, self.decoder is not None)
         if self.dynamic is not None:
             result["dynamic"] = {"lr": cfg.dyn_lr, "decay": cfg.dyn_decay, "segment": cfg.dyn_segment}
+        if cfg.cache and self.decoder is not None:
+            result["cache"] = {
+                "window": cfg.cache_window,
+                "lambda": cfg.cache_lambda,
+                "theta": cfg.cache_theta,
+            }
         return result, rows
 
     def report(self, result: dict, rows: list[dict], log) -> None:
@@ -270,6 +286,7 @@ class Evaluator:
                 f"(fp32)\n{fmt_table(rows)}",
                 *(f"  {k}: {v}" for k, v in result.get("text_scoring", {}).items()),
                 *dynamic_lines(rows),
+                *cache_lines(rows),
                 sep="\n",
                 flush=True,
             )

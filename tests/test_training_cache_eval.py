@@ -1,0 +1,152 @@
+"""The neural cache (app/training/cache_eval.py, `app/evaluate.py --cache`).
+
+Reference: the plain LanguageModel's one forward pass over [BOS, text] in float64 gives every position's
+top-layer output and log-probabilities; the cache's mixture is then computed token by token, each token
+from the `window` positions before it only. The streamed, chunked implementation must agree to 1e-10 for
+any chunk size, on fresh random weights and texts; the CLI runs on the real trained run of conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_checkpoints_consolidate import fake_checkpoint, tiny
+from test_evaluate import evaluate_cli
+
+from app.evaluate import main as evaluate_main
+from app.generation.decoder import Decoder
+from app.model.config import debug_config
+from app.model.lm import LanguageModel
+from app.training.cache_eval import cache_lines, cache_nats
+from app.training.stream_eval import stream_nats
+
+SETTINGS = [(0.0, 1.0), (0.1, 0.3), (0.3, 2.0), (0.9, 0.5)]
+
+
+@torch.no_grad()
+def reference_nats(model: LanguageModel, ids: np.ndarray, bos: int, window: int) -> list[float]:
+    """Per setting: the summed nats of ids under the model mixed with the cache, token by token."""
+    inp = torch.as_tensor(np.concatenate([[bos], ids[:-1]]))[None]
+    x = model.embedding(inp)
+    for layer in model.recurrent:
+        x = layer(x)
+    h = x[0]  # (T, H)
+    p = F.softmax(model.head(h), -1)  # (T, V)
+    out = []
+    for lam, theta in SETTINGS:
+        total = 0.0
+        for t in range(len(ids)):
+            earlier = range(max(0, t - window), t)
+            pm = float(p[t, ids[t]])
+            if not earlier:
+                total -= math.log(pm)
+                continue
+            w = torch.softmax(torch.stack([theta * (h[t] @ h[i]) for i in earlier]), 0)
+            pc = sum(float(w[k]) for k, i in enumerate(earlier) if ids[i] == ids[t])
+            total -= math.log((1 - lam) * pm + lam * pc)
+        out.append(total)
+    return out
+
+
+def random_model(seed: int) -> LanguageModel:
+    torch.manual_seed(seed)
+    model = LanguageModel(debug_config(vocab_size=12)).double().eval()
+    with torch.no_grad():  # larger recurrent weights than the init's: states that differ by context
+        for layer in model.recurrent:
+            for p in layer.parameters():
+                p.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize(("chunk", "window"), [(7, 10), (16, 1000), (1, 3), (50, 25)])
+def test_cache_equals_the_token_by_token_reference(chunk, window):
+    """Chunks smaller and larger than the window, a window smaller and larger than the text; a prefix of the
+    text scores as the first tokens of the whole (nothing after a token reaches it)."""
+    seed = random.randrange(1 << 30)
+    model = random_model(seed)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, 12, size=int(rng.integers(40, 90)))  # a small vocabulary: tokens recur
+    dec = Decoder(model)
+    for seq in (ids, ids[:23]):
+        got = cache_nats(dec, [seq], 2, chunk, window, SETTINGS)
+        want = reference_nats(model, seq, 2, window)
+        assert got.setting_nats == pytest.approx(want, rel=1e-10), f"seed {seed}"
+        assert got.tokens == len(seq)
+        assert got.model_nats == pytest.approx(want[0], rel=1e-10)  # lambda 0: the model alone
+    stream = stream_nats(dec, [ids], 2, 0, chunk).nats
+    assert got.model_nats != stream or len(ids) == 23  # (the last got is the prefix)
+    full = cache_nats(dec, [ids], 2, chunk, window, SETTINGS)
+    assert full.model_nats == pytest.approx(stream, rel=1e-10)  # the stream figure
+    best = min(full.setting_nats)
+    assert best <= full.cache_nats <= best + math.log(len(SETTINGS))
+
+
+def test_each_sequence_starts_with_an_empty_cache():
+    model, rng = random_model(1), np.random.default_rng(1)
+    a, b = rng.integers(4, 12, size=30), rng.integers(4, 12, size=40)
+    dec = Decoder(model)
+    both = cache_nats(dec, [a, b], 2, 8, 100, SETTINGS)
+    alone = [cache_nats(dec, [s], 2, 8, 100, SETTINGS) for s in (a, b)]
+    assert both.setting_nats == pytest.approx(
+        [x + y for x, y in zip(*(r.setting_nats for r in alone))], rel=1e-12
+    )
+
+
+def test_printed_line_names_the_heaviest_setting():
+    row = {"name": "a.txt", "cache": 1.5, "cache_by_setting": [
+        {"lambda": 0.1, "theta": 0.3, "bits/byte": 1.6, "weight": 0.0},
+        {"lambda": 0.3, "theta": 1.0, "bits/byte": 1.5, "weight": 1.0}]}  # fmt: skip
+    assert cache_lines([row, {"name": "b.txt"}]) == [
+        "  cache, a.txt: the mixture 1.5000 of 2 settings; the heaviest lambda 0.3, theta 1: 1.5000 (weight 1.00)"
+    ]
+
+
+@pytest.mark.slow
+def test_cli_cache_lowers_bits_on_repeated_text(reference_run, tmp_path):
+    run_dir, _ = reference_run
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(3, 9))) for _ in range(30)]
+    text = tmp_path / "repeated.txt"
+    text.write_text((" ".join(rng.choice(words) for _ in range(50)) + ".\n") * 5)  # unseen, then repeated
+    args = ("--text", str(text), "--cache", "--cache-window", "512")
+    a = evaluate_cli(run_dir, tmp_path / "a.json", *args)
+    r = a["texts"][0]
+    assert r["cache"] < 0.7 * r["stream bits/byte"] and r["cache"] < 0.7 * r["bits/byte"], r
+    assert r["cache gain %"] == pytest.approx(100 * (1 - r["cache"] / r["bits/byte"]))
+    assert len(r["cache_by_setting"]) == 16 and sum(
+        d["weight"] for d in r["cache_by_setting"]
+    ) == pytest.approx(1)
+    assert a["cache"] == {"window": 512, "lambda": [0.05, 0.1, 0.2, 0.3], "theta": [0.03, 0.1, 0.3, 1.0]}
+    assert "cache" in a["text_scoring"]
+    b = evaluate_cli(
+        run_dir, tmp_path / "b.json", *args, "--no-stream", "--cache-lambda", "0.2", "--cache-theta", "1"
+    )
+    assert b["texts"][0]["cache"] == pytest.approx(
+        next(d["bits/byte"] for d in r["cache_by_setting"] if (d["lambda"], d["theta"]) == (0.2, 1.0)),
+        rel=1e-12,
+    )
+    assert "stream bits/byte" not in b["texts"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--cache-window", "0"], "--cache-window"),
+        (["--cache-lambda", "1.5"], "--cache-lambda: each must be in [0, 1)"),
+        (["--cache-theta", "-1"], "--cache-theta"),
+        (["--cache-theta", "sharp"], "--cache-theta: expects a list of numbers"),
+    ],
+)
+def test_bad_cache_flags_are_one_clear_line(tmp_path, capsys, args, needle):
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    (tmp_path / "t.txt").write_text("hello")
+    rc = evaluate_main(
+        ["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--cache", *args]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
