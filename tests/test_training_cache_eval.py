@@ -22,6 +22,7 @@ from app.evaluate import main as evaluate_main
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
+from app.training import cache_eval
 from app.training.cache_eval import cache_lines, cache_nats
 from app.training.stream_eval import stream_nats
 
@@ -29,27 +30,25 @@ SETTINGS = [(0.0, 1.0), (0.1, 0.3), (0.3, 2.0), (0.9, 0.5)]
 
 
 @torch.no_grad()
-def reference_nats(model: LanguageModel, ids: np.ndarray, bos: int, window: int) -> list[float]:
-    """Per setting: the summed nats of ids under the model mixed with the cache, token by token."""
+def reference_nats(model: LanguageModel, ids: np.ndarray, bos: int, window: int) -> np.ndarray:
+    """(settings, tokens): each token's nats under the model mixed with the cache, token by token."""
     inp = torch.as_tensor(np.concatenate([[bos], ids[:-1]]))[None]
     x = model.embedding(inp)
     for layer in model.recurrent:
         x = layer(x)
     h = x[0]  # (T, H)
     p = F.softmax(model.head(h), -1)  # (T, V)
-    out = []
-    for lam, theta in SETTINGS:
-        total = 0.0
+    out = np.zeros((len(SETTINGS), len(ids)))
+    for g, (lam, theta) in enumerate(SETTINGS):
         for t in range(len(ids)):
             earlier = range(max(0, t - window), t)
             pm = float(p[t, ids[t]])
             if not earlier:
-                total -= math.log(pm)
+                out[g, t] = -math.log(pm)
                 continue
             w = torch.softmax(torch.stack([theta * (h[t] @ h[i]) for i in earlier]), 0)
             pc = sum(float(w[k]) for k, i in enumerate(earlier) if ids[i] == ids[t])
-            total -= math.log((1 - lam) * pm + lam * pc)
-        out.append(total)
+            out[g, t] = -math.log((1 - lam) * pm + lam * pc)
     return out
 
 
@@ -63,27 +62,28 @@ def random_model(seed: int) -> LanguageModel:
     return model
 
 
-@pytest.mark.parametrize(("chunk", "window"), [(7, 10), (16, 1000), (1, 3), (50, 25)])
-def test_cache_equals_the_token_by_token_reference(chunk, window):
-    """Chunks smaller and larger than the window, a window smaller and larger than the text; a prefix of the
-    text scores as the first tokens of the whole (nothing after a token reaches it)."""
+@pytest.mark.parametrize(
+    ("chunk", "window", "block"), [(7, 10, 256), (16, 1000, 256), (1, 3, 256), (50, 25, 256), (50, 12, 5)]
+)
+def test_cache_equals_the_token_by_token_reference(chunk, window, block, monkeypatch):
+    """Chunks smaller and larger than the window, a window smaller and larger than the text, query blocks
+    smaller than a chunk; the text's first k tokens read alone score as they do within the whole text."""
+    monkeypatch.setattr(cache_eval, "QUERY_BLOCK", block)
     seed = random.randrange(1 << 30)
     model = random_model(seed)
     rng = np.random.default_rng(seed)
-    ids = rng.integers(4, 12, size=int(rng.integers(40, 90)))  # a small vocabulary: tokens recur
+    ids = rng.integers(4, 12, size=int(rng.integers(110, 160)))  # a small vocabulary: tokens recur
+    want = reference_nats(model, ids, 2, window)
     dec = Decoder(model)
-    for seq in (ids, ids[:23]):
-        got = cache_nats(dec, [seq], 2, chunk, window, SETTINGS)
-        want = reference_nats(model, seq, 2, window)
-        assert got.setting_nats == pytest.approx(want, rel=1e-10), f"seed {seed}"
-        assert got.tokens == len(seq)
-        assert got.model_nats == pytest.approx(want[0], rel=1e-10)  # lambda 0: the model alone
-    stream = stream_nats(dec, [ids], 2, 0, chunk).nats
-    assert got.model_nats != stream or len(ids) == 23  # (the last got is the prefix)
-    full = cache_nats(dec, [ids], 2, chunk, window, SETTINGS)
-    assert full.model_nats == pytest.approx(stream, rel=1e-10)  # the stream figure
-    best = min(full.setting_nats)
-    assert best <= full.cache_nats <= best + math.log(len(SETTINGS))
+    got = cache_nats(dec, [ids], 2, chunk, window, SETTINGS)
+    assert got.setting_nats == pytest.approx(want.sum(1).tolist(), rel=1e-10), f"seed {seed}"
+    assert got.tokens == len(ids)
+    assert got.model_nats == pytest.approx(want[0].sum(), rel=1e-10)  # lambda 0: the model alone
+    assert got.model_nats == pytest.approx(stream_nats(dec, [ids], 2, 0, chunk).nats, rel=1e-10)  # the stream
+    prefix = cache_nats(dec, [ids[:37]], 2, chunk, window, SETTINGS)
+    assert prefix.setting_nats == pytest.approx(want[:, :37].sum(1).tolist(), rel=1e-10), f"seed {seed}"
+    best = min(got.setting_nats)
+    assert best <= got.cache_nats <= best + math.log(len(SETTINGS))
 
 
 def test_each_sequence_starts_with_an_empty_cache():
@@ -107,7 +107,7 @@ def test_printed_line_names_the_heaviest_setting():
 
 
 @pytest.mark.slow
-def test_cli_cache_lowers_bits_on_repeated_text(reference_run, tmp_path):
+def test_cli_cache_lowers_bits_on_repeated_text(reference_run, prepared_dir, tmp_path):
     run_dir, _ = reference_run
     rng = random.Random(1)
     words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(3, 9))) for _ in range(30)]
@@ -131,6 +131,21 @@ def test_cli_cache_lowers_bits_on_repeated_text(reference_run, tmp_path):
         rel=1e-12,
     )
     assert "stream bits/byte" not in b["texts"][0]
+    s = evaluate_cli(
+        run_dir, tmp_path / "s.json", "--data", str(prepared_dir), "--split", "validation", "--cache"
+    )
+    grid = [d["bits/byte"] for d in s["validation/cache_by_setting"]]  # the split's documents, each a stream
+    assert len(grid) == 16 and min(grid) <= s["validation/cache"] <= min(grid) + 4 / s["validation/bytes"]
+
+
+def test_cache_refuses_the_launcher(tmp_path, capsys, monkeypatch):
+    """Rank 0 alone reads with the cache while the others would wait on it: one process, like --dynamic."""
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    (tmp_path / "t.txt").write_text("hello")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rc = evaluate_main(["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--cache"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--cache runs in one process" in err[0], err
 
 
 @pytest.mark.parametrize(
@@ -140,6 +155,7 @@ def test_cli_cache_lowers_bits_on_repeated_text(reference_run, tmp_path):
         (["--cache-lambda", "1.5"], "--cache-lambda: each must be in [0, 1)"),
         (["--cache-theta", "-1"], "--cache-theta"),
         (["--cache-theta", "sharp"], "--cache-theta: expects a list of numbers"),
+        (["--cache-theta", "0.3", "0.3"], "--cache-theta: each value once"),
     ],
 )
 def test_bad_cache_flags_are_one_clear_line(tmp_path, capsys, args, needle):

@@ -1,5 +1,5 @@
-"""The Bayesian mixture of sequential predictors (app/training/mixture.py), through DynamicResult, which
-scores dynamic evaluation's step sizes with it (the neural cache's grid uses the same functions).
+"""The Bayesian mixture of sequential predictors (app/training/mixture.py), with which dynamic evaluation
+scores its step sizes and the neural cache its grid.
 
 Reference: the mixture run token by token in float64 on fresh random log-probabilities.
 """
@@ -12,7 +12,9 @@ import random
 import pytest
 import torch
 
+from app.training.cache_eval import CacheResult
 from app.training.dynamic_eval import DynamicResult
+from app.training.mixture import mixture_nats, posterior
 
 
 def online_mixture(logp: torch.Tensor) -> float:
@@ -36,23 +38,22 @@ def test_mixture_figure_is_the_token_by_token_bayesian_mixture():
     k, n = 4, 400
     logp = torch.log_softmax(3 * torch.randn(k, n, 30, generator=g, dtype=torch.float64), -1)[..., 0]
     totals = tuple(float(-row.sum()) for row in logp)
-    res = DynamicResult(0.0, (1e-4, 3e-4, 1e-3, 3e-3), totals, n, 0.0, 0.0)
-    assert res.dynamic_nats == pytest.approx(online_mixture(logp), rel=1e-12), f"seed {seed}"
-    assert min(totals) <= res.dynamic_nats <= min(totals) + math.log(k)
-    assert (
-        sum(res.posterior()) == pytest.approx(1.0)
-        and max(res.posterior()) == res.posterior()[totals.index(min(totals))]
-    )
-    assert DynamicResult(0.0, (1e-3,), totals[:1], n, 0.0, 0.0).dynamic_nats == totals[0]
-    far = DynamicResult(0.0, (1.0, 2.0), (1e7, 1e7 + 1.0), n, 0.0, 0.0)  # large totals: no overflow
-    assert far.dynamic_nats == pytest.approx(1e7 - math.log((1 + math.exp(-1)) / 2), rel=1e-15)
+    mixed, weights = mixture_nats(totals), posterior(totals)
+    assert mixed == pytest.approx(online_mixture(logp), rel=1e-12), f"seed {seed}"
+    assert min(totals) <= mixed <= min(totals) + math.log(k)
+    assert sum(weights) == pytest.approx(1.0) and max(weights) == weights[totals.index(min(totals))]
+    assert mixture_nats(totals[:1]) == totals[0]
+    assert mixture_nats((1e7, 1e7 + 1.0)) == pytest.approx(1e7 - math.log((1 + math.exp(-1)) / 2), rel=1e-15)
+    # both users report this figure and these weights
+    dyn = DynamicResult(0.0, (1e-4, 3e-4, 1e-3, 3e-3), totals, n, 0.0, 0.0)
+    cache = CacheResult(((0.1, 0.3),) * k, totals, 0.0, n, 0.0)
+    assert dyn.dynamic_nats == cache.cache_nats == mixed and dyn.posterior() == weights
 
 
 def test_a_diverged_learner_gets_no_weight():
     """A learner whose loss is NaN (it diverged) gave the text probability 0: the mixture is that of the
     others, each with its 1/K prior; with every learner diverged there is no finite code length."""
-    res = DynamicResult(0.0, (3e-3, 1e-3, 3e-4), (math.nan, 100.0, 101.0), 10, 0.0, 0.0)
-    assert res.dynamic_nats == pytest.approx(100.0 - math.log((1 + math.exp(-1)) / 3), rel=1e-15)
-    assert res.posterior()[0] == 0.0 and sum(res.posterior()) == pytest.approx(1.0)
-    dead = DynamicResult(0.0, (1.0, 2.0), (math.nan, math.inf), 10, 0.0, 0.0)
-    assert dead.dynamic_nats == math.inf and dead.posterior() == (0.0, 0.0)
+    nats = (math.nan, 100.0, 101.0)
+    assert mixture_nats(nats) == pytest.approx(100.0 - math.log((1 + math.exp(-1)) / 3), rel=1e-15)
+    assert posterior(nats)[0] == 0.0 and sum(posterior(nats)) == pytest.approx(1.0)
+    assert mixture_nats((math.nan, math.inf)) == math.inf and posterior((math.nan, math.inf)) == (0.0, 0.0)

@@ -64,19 +64,24 @@ def token_nats(
     pos = torch.arange(m, m + n, device=query.device)[:, None]
     j = torch.arange(m + n, device=query.device)[None, :]
     allowed = (j < pos) & (j >= pos - window)  # (n, m + n)
-    same = (values[None, :] == targets[:, None]).double()  # key j's next token is target i
+    same = values[None, :] == targets[:, None]  # key j's next token is target i
     has = allowed.any(-1)
-    p_model = logp.double().exp()
+    logp = logp.double()
     out = torch.empty(n, len(settings), dtype=torch.float64, device=query.device)
-    p_cache: dict[float, torch.Tensor] = {}
+    log_cache: dict[float, torch.Tensor] = {}
     for g, (lam, theta) in enumerate(settings):
-        if theta not in p_cache:
-            scores = (theta * sim).masked_fill(~allowed, -math.inf)
-            w = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no allowed key: all 0
-            p_cache[theta] = (w * same).sum(-1)  # (n,)
-        mixed = (1.0 - lam) * p_model + lam * p_cache[theta]
-        out[:, g] = -torch.where(has, mixed.log(), logp.double())
+        if theta not in log_cache:
+            w = torch.softmax((theta * sim).masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+            log_cache[theta] = torch.where(same, w, 0.0).sum(-1).log()  # (n,); -inf: not in the cache
+        if lam == 0.0:
+            out[:, g] = -logp
+            continue
+        mixed = torch.logaddexp(math.log1p(-lam) + logp, math.log(lam) + log_cache[theta])  # in log space
+        out[:, g] = -torch.where(has, mixed, logp)  # an empty cache (a sequence's first token): the model
     return out
+
+
+QUERY_BLOCK = 256  # queries scored at once: memory (QUERY_BLOCK x (window + QUERY_BLOCK)) is bounded
 
 
 @torch.no_grad()
@@ -103,9 +108,22 @@ def cache_nats(
             logits = decoder.model.head(h)  # (C, V)
             logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
             logp = logp.gather(1, tgt[:, None])[:, 0]  # (C,)
+            m = 0 if keys is None else len(keys)
             keys = h if keys is None else torch.cat([keys, h])  # (m + C, H)
             values = torch.cat([values, tgt])
-            totals += token_nats(h, logp, tgt, keys, values, window, settings).sum(0).cpu()
+            for q0 in range(0, len(tgt), QUERY_BLOCK):  # the keys before each block and the block's own
+                q1 = min(len(tgt), q0 + QUERY_BLOCK)
+                k0 = max(0, m + q0 - window)
+                nats = token_nats(
+                    h[q0:q1],
+                    logp[q0:q1],
+                    tgt[q0:q1],
+                    keys[k0 : m + q1],
+                    values[k0 : m + q1],
+                    window,
+                    settings,
+                )
+                totals += nats.sum(0).cpu()
             model_nats -= float(logp.double().sum())
             keys, values = keys[-window:], values[-window:]
         tokens += len(targets)

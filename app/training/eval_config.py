@@ -78,8 +78,11 @@ class EvalConfig:
         for name in ("text_chunk_len", "pipeline_stages", "micro_batch", "dyn_segment", "cache_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("dyn_lr", "cache_lambda", "cache_theta"):
-            if not getattr(self, name):
+        for name in ("dyn_lr", "cache_lambda", "cache_theta"):  # each value one predictor of a mixture
+            values = getattr(self, name)
+            if not values:
                 raise ValueError(f"--{name.replace('_', '-')} needs at least one value")
+            if len(set(values)) < len(values):  # a repeat would double that predictor's prior weight
+                raise ValueError(f"--{name.replace('_', '-')}: each value once, got {values}")
         if not all(lam < 1 for lam in self.cache_lambda):  # 1: a token not in the cache has probability 0
             raise ValueError(f"--cache-lambda: each must be in [0, 1), got {self.cache_lambda}")

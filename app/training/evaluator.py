@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -108,13 +110,14 @@ def fmt_table(rows: list[dict]) -> str:
     )
 
 
-def text_scoring(cfg: EvalConfig, rank0: bool) -> dict:
-    """What each --text figure is, for the JSON beside them (the stream and cache ones on rank 0)."""
+def text_scoring(cfg: EvalConfig, streamed: bool) -> dict:
+    """What each --text figure is, for the JSON beside them (the stream and cache ones where this process
+    read them: rank 0)."""
     chunk = cfg.text_chunk_len
     out = {"bits/byte": f"{chunk}-token pieces (--text-chunk-len), each read from a fresh state after BOS"}
-    if cfg.stream and rank0:
+    if cfg.stream and streamed:
         out["stream bits/byte"] = "the whole file read as one stream, the state carried from piece to piece"
-    if cfg.cache and rank0:
+    if cfg.cache and streamed:
         out["cache"] = (
             f"read as one stream with a neural cache of the last {cfg.cache_window} positions (no weight "
             "changes): the Bayesian mixture of the --cache-lambda x --cache-theta settings"
@@ -144,10 +147,11 @@ class Evaluator:
             self.data = open_prepared(cfg.data)
             check_data_tokenizer(self.data, self.src)
         self.texts = read_texts(cfg.text)
-        if cfg.dynamic and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UserError(
-                "--dynamic runs in one process: use python app/evaluate.py, not the deepspeed launcher"
-            )
+        for flag, on in (("--dynamic", cfg.dynamic), ("--cache", cfg.cache)):
+            if on and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise UserError(
+                    f"{flag} runs in one process: use python app/evaluate.py, not the deepspeed launcher"
+                )
         self.full = self.src.state_dict()
         num_specs = self.src.model_cfg.num_layers + 2
         if cfg.pipeline_stages > num_specs:
@@ -200,13 +204,15 @@ class Evaluator:
         row.update(dyn)
         return dyn
 
-    def _with_streams(self, row: dict, seqs: list[np.ndarray], num_bytes: int) -> dict:
-        """Add to `row` the fields of `seqs` (targets: a --text file's tokens and EOS, or a split's documents)
-        each read as one stream, the state carried (--stream: app/training/stream_eval.py), and with the
-        neural cache (--cache: app/training/cache_eval.py); on rank 0 -> the fields added."""
+    def _with_streams(self, row: dict, sequences: Callable[[], list[np.ndarray]], num_bytes: int) -> dict:
+        """Add to `row` the fields of `sequences()` (targets: a --text file's tokens and EOS, or a split's
+        documents; built only here, on rank 0) each read as one stream, the state carried (--stream:
+        app/training/stream_eval.py), and with the neural cache (--cache: app/training/cache_eval.py)
+        -> the fields added."""
         if self.decoder is None:
             return {}
         t, c = self.tokenizer, self.cfg
+        seqs = sequences()
         out: dict = {}
         if c.stream:
             res = stream_nats(self.decoder, seqs, t.bos_id, t.pad_id, c.text_chunk_len)
@@ -242,9 +248,8 @@ class Evaluator:
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
-            streams = self._with_streams(
-                rows[-1], split_documents(store, self.tokenizer.eos_id), res.num_bytes
-            )
+            docs = partial(split_documents, store, self.tokenizer.eos_id)
+            streams = self._with_streams(rows[-1], docs, res.num_bytes)
             result.update({f"{cfg.split}/{k}": v for k, v in streams.items()})
             if self.dynamic is not None:
                 seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
@@ -256,10 +261,11 @@ class Evaluator:
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
             t = self.tokenizer
-            ids = [*t.encode(text), t.eos_id]
-            self._with_streams(row, [np.asarray(ids, dtype=np.int64)], len(raw))
-            if self.dynamic is not None:
-                self._with_dynamic(row, [[t.bos_id, *ids]], len(raw))
+            if self.decoder is not None or self.dynamic is not None:  # the tokens once, where they are read
+                ids = np.asarray([*t.encode(text), t.eos_id], dtype=np.int64)
+                self._with_streams(row, partial(list, [ids]), len(raw))
+                if self.dynamic is not None:
+                    self._with_dynamic(row, [[t.bos_id, *ids.tolist()]], len(raw))
             rows.append(row)
             result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
         result["text_chunk_len"] = cfg.text_chunk_len
