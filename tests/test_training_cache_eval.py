@@ -123,19 +123,19 @@ def test_cli_cache_lowers_bits_on_repeated_text(reference_run, prepared_dir, tmp
     ) == pytest.approx(1)
     assert a["cache"] == {"window": 512, "lambda": [0.05, 0.1, 0.2, 0.3], "theta": [0.03, 0.1, 0.3, 1.0]}
     assert "cache" in a["text_scoring"]
+    one = ("--no-stream", "--cache-lambda", "0.2", "--cache-theta", "1")  # one setting; the split too
     b = evaluate_cli(
-        run_dir, tmp_path / "b.json", *args, "--no-stream", "--cache-lambda", "0.2", "--cache-theta", "1"
+        run_dir, tmp_path / "b.json", *args, *one, "--data", str(prepared_dir), "--split", "validation"
     )
     assert b["texts"][0]["cache"] == pytest.approx(
         next(d["bits/byte"] for d in r["cache_by_setting"] if (d["lambda"], d["theta"]) == (0.2, 1.0)),
         rel=1e-12,
-    )
-    assert "stream bits/byte" not in b["texts"][0]
-    s = evaluate_cli(
-        run_dir, tmp_path / "s.json", "--data", str(prepared_dir), "--split", "validation", "--cache"
-    )
-    grid = [d["bits/byte"] for d in s["validation/cache_by_setting"]]  # the split's documents, each a stream
-    assert len(grid) == 16 and min(grid) <= s["validation/cache"] <= min(grid) + 4 / s["validation/bytes"]
+    )  # a setting alone scores as it does in the grid
+    assert "stream bits/byte" not in b["texts"][0] and "validation/stream bits/byte" not in b
+    assert [d["weight"] for d in b["validation/cache_by_setting"]] == [
+        1.0
+    ]  # the split's documents, each a stream
+    assert 0 < b["validation/cache"] == b["validation/cache_by_setting"][0]["bits/byte"]
 
 
 def test_cache_refuses_the_launcher(tmp_path, capsys, monkeypatch):

@@ -176,22 +176,20 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
         "32",
     )
     a = evaluate_cli(run_dir, tmp_path / "a.json", *args)
-    b = evaluate_cli(run_dir, tmp_path / "b.json", *args)
+    m = evaluate_cli(run_dir, tmp_path / "m.json", *args[:4], "1e-3", "3e-3", *args[5:])["texts"][0]
     assert digest(run_dir / "checkpoints") == before  # not one byte of the checkpoint changed
-    ra, rb = a["texts"][0], b["texts"][0]
-    assert ra["dynamic"] == rb["dynamic"] and ra["static carried"] == rb["static carried"]  # deterministic
+    ra = a["texts"][0]
     assert ra["dynamic"] < 0.9 * ra["static carried"] and ra["dynamic"] < 0.9 * ra["bits/byte"], ra
     assert ra["dyn gain %"] == pytest.approx(100 * (1 - ra["dynamic"] / ra["bits/byte"]))
     assert a["dynamic"] == {"lr": [1e-3], "decay": 0.02, "segment": 32}
-    assert [d["lr"] for d in ra["dynamic_by_lr"]] == [1e-3] and ra["dynamic_by_lr"][0]["bits/byte"] == ra[
-        "dynamic"
-    ]
-    c = evaluate_cli(run_dir, tmp_path / "c.json", *args[:4], "3e-3", *args[5:])
-    m = evaluate_cli(run_dir, tmp_path / "m.json", *args[:4], "1e-3", "3e-3", *args[5:])["texts"][0]
-    alone = [ra["dynamic"], c["texts"][0]["dynamic"]]
-    assert [d["bits/byte"] for d in m["dynamic_by_lr"]] == alone  # each learner as if run alone
-    ln2_bits_per_byte = 1.0 / m["bytes"]  # ln 2 nats over the text, in bits per byte
-    assert min(alone) <= m["dynamic"] <= min(alone) + ln2_bits_per_byte
+    assert [d["lr"] for d in ra["dynamic_by_lr"]] == [1e-3]
+    assert ra["dynamic_by_lr"][0]["bits/byte"] == ra["dynamic"]
+    # another process, two step sizes: the 1e-3 learner is bit for bit the run above (deterministic, and
+    # not moved by the learner after it), and the mixture lies within ln 2 nats of the better learner
+    assert m["static carried"] == ra["static carried"] and m["dynamic_by_lr"][0]["bits/byte"] == ra["dynamic"]
+    learners = [d["bits/byte"] for d in m["dynamic_by_lr"]]
+    assert learners[1] != learners[0]
+    assert min(learners) <= m["dynamic"] <= min(learners) + 1.0 / m["bytes"]  # ln 2 nats, in bits per byte
 
 
 @pytest.mark.parametrize(
