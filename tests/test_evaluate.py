@@ -42,6 +42,17 @@ def test_compressors_and_text_chunks():
     assert "bits/byte" in table and "-" in table.splitlines()[1]
 
 
+def refusal(tmp_path: Path, capsys, *args: str) -> str:
+    """app/evaluate.py in-process on a tiny checkpoint (tmp_path/run) and a short text with `args` added
+    -> its one error line (exit 2)."""
+    fake_checkpoint(tmp_path / "run", tiny(), "module")
+    (tmp_path / "t.txt").write_text("hello")
+    rc = evaluate_main(["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    return err[0]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

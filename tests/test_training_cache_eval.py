@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_checkpoints_consolidate import fake_checkpoint, tiny
-from test_evaluate import evaluate_cli
+from test_evaluate import evaluate_cli, refusal
 
-from app.evaluate import main as evaluate_main
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
@@ -78,8 +76,9 @@ def test_cache_equals_the_token_by_token_reference(chunk, window, block, monkeyp
     got = cache_nats(dec, [ids], 2, chunk, window, SETTINGS)
     assert got.setting_nats == pytest.approx(want.sum(1).tolist(), rel=1e-10), f"seed {seed}"
     assert got.tokens == len(ids)
-    assert got.model_nats == pytest.approx(want[0].sum(), rel=1e-10)  # lambda 0: the model alone
-    assert got.model_nats == pytest.approx(stream_nats(dec, [ids], 2, 0, chunk).nats, rel=1e-10)  # the stream
+    model_alone = got.setting_nats[0]  # SETTINGS[0] has lambda 0: the model alone
+    assert model_alone == pytest.approx(want[0].sum(), rel=1e-10)
+    assert model_alone == pytest.approx(stream_nats(dec, [ids], 2, 0, chunk).nats, rel=1e-10)  # the stream
     prefix = cache_nats(dec, [ids[:37]], 2, chunk, window, SETTINGS)
     assert prefix.setting_nats == pytest.approx(want[:, :37].sum(1).tolist(), rel=1e-10), f"seed {seed}"
     best = min(got.setting_nats)
@@ -140,12 +139,8 @@ def test_cli_cache_lowers_bits_on_repeated_text(reference_run, prepared_dir, tmp
 
 def test_cache_refuses_the_launcher(tmp_path, capsys, monkeypatch):
     """Rank 0 alone reads with the cache while the others would wait on it: one process, like --dynamic."""
-    fake_checkpoint(tmp_path / "run", tiny(), "module")
-    (tmp_path / "t.txt").write_text("hello")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    rc = evaluate_main(["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--cache"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "--cache runs in one process" in err[0], err
+    assert "--cache runs in one process" in refusal(tmp_path, capsys, "--cache")
 
 
 @pytest.mark.parametrize(
@@ -159,10 +154,4 @@ def test_cache_refuses_the_launcher(tmp_path, capsys, monkeypatch):
     ],
 )
 def test_bad_cache_flags_are_one_clear_line(tmp_path, capsys, args, needle):
-    fake_checkpoint(tmp_path / "run", tiny(), "module")
-    (tmp_path / "t.txt").write_text("hello")
-    rc = evaluate_main(
-        ["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--cache", *args]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert needle in refusal(tmp_path, capsys, "--cache", *args)

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_checkpoints_consolidate import fake_checkpoint, tiny
-from test_evaluate import evaluate_cli
+from test_checkpoints_consolidate import tiny
+from test_evaluate import evaluate_cli, refusal
 
 from app.common.cli import parse_config
-from app.evaluate import main as evaluate_main
 from app.model.config import debug_config
 from app.model.core import mlstm_sequence_from
 from app.model.layers import RecurrentLayer
@@ -118,19 +117,7 @@ def test_dyn_lr_from_flags_and_config_files(tmp_path, config, flags, want):
 )  # fmt: skip
 def test_bad_dyn_lr_in_a_config_file_is_one_line(tmp_path, capsys, config, needle):
     (tmp_path / "e.yaml").write_text(config)
-    (tmp_path / "t.txt").write_text("hello")
-    rc = evaluate_main(
-        [
-            "--checkpoint",
-            str(tmp_path),
-            "--text",
-            str(tmp_path / "t.txt"),
-            "--config",
-            str(tmp_path / "e.yaml"),
-        ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert needle in refusal(tmp_path, capsys, "--config", str(tmp_path / "e.yaml"))
 
 
 def test_each_step_size_starts_from_the_trained_weights():
@@ -203,13 +190,7 @@ def test_dynamic_lowers_bits_per_byte_on_repeated_text_and_leaves_the_checkpoint
     ],
 )
 def test_bad_dynamic_flags_are_one_clear_line(tmp_path, capsys, args, needle):
-    fake_checkpoint(tmp_path / "run", tiny(), "module")
-    (tmp_path / "t.txt").write_text("hello")
-    rc = evaluate_main(
-        ["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--dynamic", *args]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert needle in refusal(tmp_path, capsys, "--dynamic", *args)
 
 
 def test_table_shows_dynamic_columns_only_when_evaluated():

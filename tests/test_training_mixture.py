@@ -46,7 +46,7 @@ def test_mixture_figure_is_the_token_by_token_bayesian_mixture():
     assert mixture_nats((1e7, 1e7 + 1.0)) == pytest.approx(1e7 - math.log((1 + math.exp(-1)) / 2), rel=1e-15)
     # both users report this figure and these weights
     dyn = DynamicResult(0.0, (1e-4, 3e-4, 1e-3, 3e-3), totals, n, 0.0, 0.0)
-    cache = CacheResult(((0.1, 0.3),) * k, totals, 0.0, n, 0.0)
+    cache = CacheResult(((0.1, 0.3),) * k, totals, n, 0.0)
     assert dyn.dynamic_nats == cache.cache_nats == mixed and dyn.posterior() == weights
 
 

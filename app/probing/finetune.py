@@ -113,6 +113,12 @@ def _batches(
     return batches
 
 
+def accuracy(clf: Classifier, data: Split, cfg: FineTuneConfig, pad_id: int) -> tuple[float, np.ndarray]:
+    """(the share of `data`'s texts predicted right, the predictions)."""
+    pred = predict(clf, data[0], cfg, pad_id)
+    return float((pred == data[1]).mean()), pred
+
+
 @torch.no_grad()
 def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
     clf.eval()
@@ -183,19 +189,19 @@ def fine_tune(
         loss, n, secs = _epoch(clf, opt, train, cfg, pad_id, rng)
         losses.append(loss)
         tokens, seconds = tokens + n, seconds + secs
-        val_acc.append(float((predict(clf, val[0], cfg, pad_id) == val[1]).mean()))
+        val_acc.append(accuracy(clf, val, cfg, pad_id)[0])
         log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation accuracy {val_acc[-1]:.4f}")
         if val_acc[-1] > best:  # ties: the earlier epoch
             best, best_state = val_acc[-1], copy.deepcopy(clf.state_dict())
     clf.load_state_dict(best_state)
-    test_pred = predict(clf, test[0], cfg, pad_id)
+    test_acc, test_pred = accuracy(clf, test, cfg, pad_id)
     return FineTuned(
         val_accuracy_by_epoch=val_acc,
         train_loss_by_epoch=losses,
         best_epoch=val_acc.index(best) + 1,
-        val_accuracy=float((predict(clf, val[0], cfg, pad_id) == val[1]).mean()),
-        train_accuracy=float((predict(clf, train[0], cfg, pad_id) == train[1]).mean()),
-        test_accuracy=float((test_pred == test[1]).mean()),
+        val_accuracy=accuracy(clf, val, cfg, pad_id)[0],
+        train_accuracy=accuracy(clf, train, cfg, pad_id)[0],
+        test_accuracy=test_acc,
         test_pred=test_pred,
         tokens=tokens,
         seconds=seconds,

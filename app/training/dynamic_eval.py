@@ -12,13 +12,10 @@ the running mean over the segments already scored (an evaluation may have no tra
 first steps are sign-like and the normaliser settles as the text is read. The weights change only in
 this process's private copy of the model: the checkpoint on disk is never written.
 
-No step size is best on every text (bench/README.md: source code wants large steps, a short novel
-small ones), so --dyn-lr may name several. One learner then reads the text at each step size, and the
-score is their Bayesian mixture: every token predicted by all learners, each weighted by its prior 1/K times
-the probability it gave the text before that token. Its code length telescopes to
--ln Σ_k (1/K) exp(-L_k), with L_k learner k's nats on the whole text, so it is computed from the learners'
-totals, run one after another on one copy of the model; it lies within ln K nats of the best step size's
-figure, and the choice is made as the text is read: no token is scored by a rule that saw it.
+No step size is best on every text (bench/README.md: source code wants large steps, the novel small
+ones), so --dyn-lr may name several. One learner then reads the text at each step size, one after another
+on one copy of the model, and the score is their Bayesian mixture, computed from the learners' totals
+(app/training/mixture.py): within ln K nats of the best step size, chosen as the text is read.
 
 The same loop with no update ("static, state carried") separates what carrying the state across
 segments gains from what adapting the weights gains. Nothing is random (eval mode: no dropout), so the

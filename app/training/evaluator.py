@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -204,15 +202,12 @@ class Evaluator:
         row.update(dyn)
         return dyn
 
-    def _with_streams(self, row: dict, sequences: Callable[[], list[np.ndarray]], num_bytes: int) -> dict:
-        """Add to `row` the fields of `sequences()` (targets: a --text file's tokens and EOS, or a split's
-        documents; built only here, on rank 0) each read as one stream, the state carried (--stream:
-        app/training/stream_eval.py), and with the neural cache (--cache: app/training/cache_eval.py)
+    def _with_streams(self, row: dict, seqs: list[np.ndarray], num_bytes: int) -> dict:
+        """Add to `row` the fields of `seqs` (targets: a --text file's tokens and EOS, or a split's
+        documents) each read as one stream, the state carried (--stream: app/training/stream_eval.py), and
+        with the neural cache (--cache: app/training/cache_eval.py); rank 0, which holds the decoder
         -> the fields added."""
-        if self.decoder is None:
-            return {}
         t, c = self.tokenizer, self.cfg
-        seqs = sequences()
         out: dict = {}
         if c.stream:
             res = stream_nats(self.decoder, seqs, t.bos_id, t.pad_id, c.text_chunk_len)
@@ -248,9 +243,11 @@ class Evaluator:
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
-            docs = partial(split_documents, store, self.tokenizer.eos_id)
-            streams = self._with_streams(rows[-1], docs, res.num_bytes)
-            result.update({f"{cfg.split}/{k}": v for k, v in streams.items()})
+            if self.decoder is not None:  # the documents are built where they are read
+                streams = self._with_streams(
+                    rows[-1], split_documents(store, self.tokenizer.eos_id), res.num_bytes
+                )
+                result.update({f"{cfg.split}/{k}": v for k, v in streams.items()})
             if self.dynamic is not None:
                 seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
                 dyn = self._with_dynamic(rows[-1], seqs, res.num_bytes)
@@ -263,7 +260,8 @@ class Evaluator:
             t = self.tokenizer
             if self.decoder is not None or self.dynamic is not None:  # the tokens once, where they are read
                 ids = np.asarray([*t.encode(text), t.eos_id], dtype=np.int64)
-                self._with_streams(row, partial(list, [ids]), len(raw))
+                if self.decoder is not None:
+                    self._with_streams(row, [ids], len(raw))
                 if self.dynamic is not None:
                     self._with_dynamic(row, [[t.bos_id, *ids.tolist()]], len(raw))
             rows.append(row)
