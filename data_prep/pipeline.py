@@ -29,11 +29,14 @@ import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.common import faults, lifetime
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
@@ -230,15 +233,19 @@ def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block
 _WORKER: tuple[EncodeFn, Path] | None = None
 
 
-def _init_worker(fn: EncodeFn, spool: Path) -> None:
+def _init_worker(fn: EncodeFn, spool: Path, parent: int) -> None:
+    """A worker gets the encoder, and dies with data prep's process (a SIGKILL or the OOM killer's leaves no
+    worker waiting on the pool's queue forever, holding the caller's pipes open)."""
     global _WORKER
     _WORKER = (fn, spool)
+    lifetime.die_with_parent(parent)
 
 
 def _work(index: int, block: Block) -> pieces.Piece:
     """In a worker: encode, and write the result to a spool file of its own (only counts go back)."""
     assert _WORKER is not None
     fn, spool = _WORKER
+    faults.kill_worker(index)
     return pieces.spill(pieces.from_encoded(fn(block)), spool / f"{os.getpid()}-{index}")
 
 
@@ -246,26 +253,40 @@ def _encode_stream(
     fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int, spool: Path
 ) -> Iterator[tuple[int, pieces.Piece]]:
     """(blocks consumed, Piece) in input order; ``num_proc`` > 1: in a pool with a bounded queue, the
-    workers writing their results to files in ``spool`` (the parent only appends those, in order)."""
+    workers writing their results to files in ``spool`` (the parent only appends those, in order).
+
+    The pool is a ``ProcessPoolExecutor``, not a ``multiprocessing.Pool``: a worker that dies (the OOM
+    killer's pick, a segfault) makes the next result raise ``BrokenProcessPool``, where ``Pool`` replaces
+    the worker and waits for the lost block forever. Leaving early (an error here or in the caller, who
+    closes this generator) cancels the queued blocks and waits only for the ones being encoded; ``Pool``'s
+    ``terminate()`` with tasks in flight is racy and can hang (CPython issues 78178 and 96995), as it once
+    did in CI when the disk filled."""
     if num_proc == 1:
         for i, block in enumerate(blocks):
             if block is not None:
                 yield i + 1, pieces.from_encoded(fn(block))
         return
     # fork: the workers inherit the imported modules; the tokenizer goes in once through the initializer
-    ctx = mp.get_context("fork")
-    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(fn, spool)) as pool:
+    pool = ProcessPoolExecutor(
+        num_proc,
+        mp_context=mp.get_context("fork"),
+        initializer=_init_worker,
+        initargs=(fn, spool, os.getpid()),
+    )
+    try:
         pending: deque = deque()
         for i, block in enumerate(blocks):
             if block is None:
                 continue
-            pending.append((i + 1, pool.apply_async(_work, (i, block))))
+            pending.append((i + 1, pool.submit(_work, i, block)))
             if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
                 n, res = pending.popleft()
-                yield n, res.get()
+                yield n, res.result()
         while pending:
             n, res = pending.popleft()
-            yield n, res.get()
+            yield n, res.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _cpu_s() -> float:
@@ -342,6 +363,12 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
             f"{cfg.out}: no space left on device ({exc.strerror}); finished shard groups are kept: "
             "free some space and rerun the same command to resume"
         ) from exc
+    except BrokenProcessPool as exc:
+        raise UserError(
+            f"{cfg.out}: a data prep worker process died (killed by the system, most often for lack of "
+            "memory); finished shard groups are kept: rerun the same command to resume (fewer --num-proc "
+            "or a smaller --block-mb need less memory)"
+        ) from exc
     except UserError:
         manifest = cfg.out / MANIFEST_FILE
         if created and manifest.is_file() and not json.loads(manifest.read_text())["groups"]:
@@ -411,8 +438,9 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     consumed = skip_blocks
     done_bytes = 0
     spool = shards.spool_dir(out)
+    stream = _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc, spool)
     try:
-        for consumed, piece in _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc, spool):
+        for consumed, piece in stream:
             writer.add(piece, consumed)
             pieces.release(piece)
             done_bytes += sum(piece.bytes)
@@ -426,6 +454,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     except LossyTokenizerError as exc:
         raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
     finally:
+        stream.close()  # the workers stop before their spool goes
         shutil.rmtree(spool, ignore_errors=True)
     writer.close(consumed, force=True)
     encoded = sum(g["stats"][name]["bytes"] for g in manifest["groups"] for name in SPLITS)

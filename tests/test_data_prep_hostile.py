@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -238,17 +239,61 @@ def _digests(out: Path) -> list[str]:
     ]
 
 
-def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
+LINES_FLAGS = ["--doc-split", "line", "--tokenizer", "byte", "--block-mb", "0.02", "--shard-mb", "0.1",
+               "--num-proc", "2", "--quiet"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lines_reference(tmp_path_factory) -> tuple[Path, Path]:
+    """~420 KB of lines (~1.7 MB of shards in ~20 blocks) and an uninterrupted prep of them."""
+    root = tmp_path_factory.mktemp("lines")
+    src = root / "lines.txt"
+    src.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000)))
+    assert prep_main(["--input", str(src), *LINES_FLAGS, "--out", str(root / "reference")]) == 0
+    return src, root / "reference"
+
+
+def _prep(src: Path, out: Path, faults: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m data_prep`` on `src` in a session of its own. A run that hangs is stopped with SIGABRT,
+    so faulthandler prints where every process of it waits, and the test fails with that."""
+    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), *LINES_FLAGS, "--out", str(out)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1", **(faults or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out_text, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"data prep hung; where it waited:\n{proc.communicate()[1][-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out_text, err)
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """PIDs of live processes with `path` in their command line."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(cmdline.parent.name)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def _one_error_line(p: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    return lines[0]
+
+
+def test_disk_full_is_one_line_and_resumes(tmp_path, lines_reference):
     """Data prep fills the disk mid-encode: one line saying so and where, the finished shard groups kept;
     once there is room the same command resumes, and writes the shards of an uninterrupted prep. The disk
     is a real 1 MiB tmpfs where this machine lets us mount one, else ENOSPC injected into the shard writes
     (MLSTM_DS_FAULTS=enospc_after_bytes); the test's output says which ran."""
-    src = tmp_path / "lines.txt"
-    # ~420 KB of lines, ~1.7 MB of shards
-    src.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000)))
-    flags = ["--input", str(src), "--doc-split", "line", "--tokenizer", "byte",
-             "--block-mb", "0.02", "--shard-mb", "0.1", "--num-proc", "2", "--quiet"]  # fmt: skip
-    assert prep_main([*flags, "--out", str(tmp_path / "reference")]) == 0
+    src, reference = lines_reference
     mnt = tmp_path / "small_disk"
     mnt.mkdir()
     mount = subprocess.run(
@@ -259,28 +304,43 @@ def test_disk_full_is_one_line_and_resumes(tmp_path, capsys):
         f"disk full: {'a 1 MiB tmpfs' if not faults else 'injected ENOSPC (mount refused: ' + mount.stderr.strip() + ')'}"
     )
     try:
-        cmd = [sys.executable, "-m", "data_prep", *flags, "--out", str(mnt / "o")]
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, **faults})
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        line = _one_error_line(_prep(src, mnt / "o", faults))
         assert (
-            lines[0].startswith(f"error: {mnt / 'o'}: no space left on device")
-            and "rerun the same command" in lines[0]
+            line.startswith(f"error: {mnt / 'o'}: no space left on device")
+            and "rerun the same command" in line
         )
         assert len(json.loads((mnt / "o" / "manifest.json").read_text())["groups"]) > 0
         first = (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns
         if not faults:
             subprocess.run(["mount", "-o", "remount,size=8m", str(mnt)], check=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        p = _prep(src, mnt / "o")
         assert p.returncode == 0, p.stderr
         assert (mnt / "o" / "train" / "00000.arrow").stat().st_mtime_ns == first  # kept, not rewritten
-        assert _digests(mnt / "o") == _digests(tmp_path / "reference")
+        assert _digests(mnt / "o") == _digests(reference)
         assert load_prepared(mnt / "o").meta["documents"]["kept"] == 8000
         assert not (mnt / "o" / ".spool").exists()
     finally:
         if not faults:
             subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_killed_worker_is_one_line_and_the_rerun_resumes(tmp_path, lines_reference):
+    """An encode worker killed mid-run (SIGKILL, as the OOM killer does; MLSTM_DS_FAULTS=kill_worker_at_block)
+    ends the run with one line, not a wait for the lost block forever; the finished groups are kept and the
+    same command resumes to the shards of an uninterrupted prep."""
+    src, reference = lines_reference
+    out = tmp_path / "o"
+    line = _one_error_line(_prep(src, out, {"MLSTM_DS_FAULTS": "kill_worker_at_block=12"}))
+    assert not _processes_naming(out)  # the surviving worker went with the run
+    assert (
+        line.startswith(f"error: {out}: a data prep worker process died") and "rerun the same command" in line
+    )
+    assert len(json.loads((out / "manifest.json").read_text())["groups"]) > 0
+    first = (out / "train" / "00000.arrow").stat().st_mtime_ns
+    p = _prep(src, out)
+    assert p.returncode == 0, p.stderr
+    assert (out / "train" / "00000.arrow").stat().st_mtime_ns == first
+    assert _digests(out) == _digests(reference)
 
 
 def _cut_streams(root: Path) -> bytes:

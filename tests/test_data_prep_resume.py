@@ -55,7 +55,7 @@ def _start_and_kill(cmd: list[str], out: Path, groups: int) -> None:
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)  # the pool's forked workers see their parent gone and exit
+    os.kill(proc.pid, signal.SIGKILL)  # the pool's workers die with it (lifetime.die_with_parent)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, (
         "prep finished before it could be killed: make the corpus bigger"

@@ -10,6 +10,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     await_signal_after=N  after step N every rank (or the hang_rank ones) waits for a preemption signal
     enospc_after_bytes=N  data prep's shard writes fail with ENOSPC (disk full) once the process has
                        appended N bytes to shards (for tests where no small file system can be mounted)
+    kill_worker_at_block=N  the data prep worker that encodes block N (0-based) kills itself with SIGKILL,
+                       as a worker the kernel's OOM killer picks
     enospc_in_save=N   writing checkpoint N fails with ENOSPC (disk full) on every rank (or the hang_rank ones),
                        where a test cannot mount a small filesystem to fill
     user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +91,8 @@ def shard_write(nbytes: int) -> None:
         _written += nbytes
         if _written > min(limit):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def kill_worker(block: int) -> None:
+    if block in _FAULTS.get("kill_worker_at_block", set()):
+        os.kill(os.getpid(), signal.SIGKILL)

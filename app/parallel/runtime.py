@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from app.common.errors import peer_reported, write_traceback
+from app.common.lifetime import die_with_parent
 from app.common.logs import get_logger, library_prints
 from app.common.toolchain import use_environment_scripts
 
@@ -211,10 +212,7 @@ def watch_launcher(interval_s: float = 0.5, grace_s: float = 600.0) -> int:
     if pid:
         return pid
     try:  # the watcher: plain os calls only (the rank's torch state is not safe to touch after fork)
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the rank
+        die_with_parent(rank_pid)
         os.setsid()  # out of the rank's process group: a Ctrl-C meant for the job is the rank's to handle
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
