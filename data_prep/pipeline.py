@@ -24,6 +24,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import resource
 import shutil
 import time
@@ -238,29 +239,44 @@ def _init_worker(fn: EncodeFn, spool: Path, parent: int) -> None:
     worker waiting on the pool's queue forever, holding the caller's pipes open)."""
     global _WORKER
     _WORKER = (fn, spool)
-    lifetime.die_with_parent(parent)
+    if not lifetime.die_with_parent(parent):
+        log.warning("worker %d: no parent-death signal here; it may outlive a killed data prep", os.getpid())
 
 
-def _work(index: int, block: Block) -> pieces.Piece:
-    """In a worker: encode, and write the result to a spool file of its own (only counts go back)."""
+def _send(spool: Path, index: int, block: Block) -> str:
+    """Put a block where a worker reads it: a spool file (the executor's queue carries only its name)."""
+    path = spool / f"block-{index}"
+    with open(path, "wb") as f:
+        pickle.dump(block, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return str(path)
+
+
+def _work(index: int, path: str) -> pieces.Piece:
+    """In a worker: read the block this process's parent wrote to `path`, encode it, and write the result to
+    a spool file of its own (only counts go back)."""
     assert _WORKER is not None
     fn, spool = _WORKER
     faults.kill_worker(index)
+    with open(path, "rb") as f:
+        block = pickle.load(f)  # written by the parent an instant ago, in a folder it made (shards.spool_dir)
+    os.unlink(path)
     return pieces.spill(pieces.from_encoded(fn(block)), spool / f"{os.getpid()}-{index}")
 
 
 def _encode_stream(
     fn: EncodeFn, blocks: Iterator[Block | None], num_proc: int, spool: Path
 ) -> Iterator[tuple[int, pieces.Piece]]:
-    """(blocks consumed, Piece) in input order; ``num_proc`` > 1: in a pool with a bounded queue, the
-    workers writing their results to files in ``spool`` (the parent only appends those, in order).
+    """(blocks consumed, Piece) in input order; ``num_proc`` > 1: in a pool with a bounded queue, blocks
+    and results passing through files in ``spool`` (the parent reads, dispatches and appends, in order).
 
-    The pool is a ``ProcessPoolExecutor``, not a ``multiprocessing.Pool``: a worker that dies (the OOM
-    killer's pick, a segfault) makes the next result raise ``BrokenProcessPool``, where ``Pool`` replaces
-    the worker and waits for the lost block forever. Leaving early (an error here or in the caller, who
-    closes this generator) cancels the queued blocks and waits only for the ones being encoded; ``Pool``'s
-    ``terminate()`` with tasks in flight is racy and can hang (CPython issues 78178 and 96995), as it once
-    did in CI when the disk filled."""
+    The pool is a ``ProcessPoolExecutor``, not a ``multiprocessing.Pool``. When a worker dies (the OOM
+    killer's pick, a segfault) ``Pool`` replaces it and waits for the lost block forever, and its
+    ``terminate()`` with tasks in flight is racy and can hang (CPython issues 78178 and 96995; CI once hung
+    there when the disk filled). The executor raises ``BrokenProcessPool`` from the next result instead.
+    A task carries a block's file name, not the block: a block is larger than a pipe's buffer, and before
+    Python 3.11.5 (CPython issue 94777) a worker dying while the queue's feeder thread writes a large task
+    hangs the executor's own cleanup. Leaving early (an error here or in the caller, who closes this
+    generator) waits for the blocks already handed out, at most two per worker."""
     if num_proc == 1:
         for i, block in enumerate(blocks):
             if block is not None:
@@ -278,7 +294,7 @@ def _encode_stream(
         for i, block in enumerate(blocks):
             if block is None:
                 continue
-            pending.append((i + 1, pool.submit(_work, i, block)))
+            pending.append((i + 1, pool.submit(_work, i, _send(spool, i, block))))
             if len(pending) >= 2 * num_proc:  # bounded: the reader never runs ahead of the workers
                 n, res = pending.popleft()
                 yield n, res.result()
@@ -365,9 +381,9 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         ) from exc
     except BrokenProcessPool as exc:
         raise UserError(
-            f"{cfg.out}: a data prep worker process died (killed by the system, most often for lack of "
-            "memory); finished shard groups are kept: rerun the same command to resume (fewer --num-proc "
-            "or a smaller --block-mb need less memory)"
+            f"{cfg.out}: a data prep worker process ended abruptly (killed: by the kernel's OOM killer when "
+            "memory runs out, or by a crash); finished shard groups are kept: rerun the same command to resume "
+            "(with fewer --num-proc if memory was short)"
         ) from exc
     except UserError:
         manifest = cfg.out / MANIFEST_FILE

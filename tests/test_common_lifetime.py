@@ -1,4 +1,5 @@
-"""A child that calls die_with_parent is gone once its parent is SIGKILLed; one that does not outlives it."""
+"""die_with_parent: a child that set it before its parent's SIGKILL, or calls it once the parent is already
+gone, is killed; a child that never calls it outlives its parent (the control)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FORK_A_CHILD = """
 import os, sys, time
 from app.common.lifetime import die_with_parent
-parent = os.getpid()
-pid = os.fork()
-if pid == 0:
-    if sys.argv[1] == "1":
+mode, parent = sys.argv[1], os.getpid()
+if os.fork() == 0:
+    if mode == "before":
+        assert die_with_parent(parent)
+    print(os.getpid(), flush=True)  # set up: the test may kill the parent now
+    if mode == "after":
+        while os.getppid() == parent:
+            time.sleep(0.01)
         die_with_parent(parent)
     time.sleep(60)
     os._exit(0)
-print(pid, flush=True)
 time.sleep(60)
 """
 
@@ -37,22 +41,22 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-@pytest.mark.parametrize("set_it", [True, False])
-def test_the_child_dies_with_its_parent_only_when_asked(set_it):
+@pytest.mark.parametrize("mode", ["before", "after", "never"])
+def test_a_child_dies_with_its_parent_only_when_asked(mode):
     proc = subprocess.Popen(
-        [sys.executable, "-c", FORK_A_CHILD, "1" if set_it else "0"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", FORK_A_CHILD, mode], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     child = int(proc.stdout.readline())
     try:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + (10 if set_it else 1)  # the control only needs to outlive a second
+        deadline = time.monotonic() + (
+            1 if mode == "never" else 10
+        )  # the control only needs to outlive a second
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _alive(child) is not set_it
+        assert _alive(child) is (mode == "never")
     finally:
+        proc.stdout.close()
         if _alive(child):
             os.kill(child, signal.SIGKILL)

@@ -56,7 +56,11 @@ def _start_and_kill(cmd: list[str], out: Path, groups: int) -> None:
             pass
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)  # the pool's workers die with it (lifetime.die_with_parent)
-    proc.communicate()
+    try:
+        proc.communicate(timeout=60)  # returns once no process holds its pipes: the workers are gone
+    except subprocess.TimeoutExpired:
+        subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)
+        pytest.fail("data prep's workers outlived its SIGKILL (they hold its pipes open)")
     assert proc.returncode == -signal.SIGKILL, (
         "prep finished before it could be killed: make the corpus bigger"
     )
