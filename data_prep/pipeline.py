@@ -4,10 +4,11 @@
    bounded seeded sample for SentencePiece (the train documents with the smallest split hash, up to
    ``--tokenizer-train-mb``, so the sample spreads over the whole corpus). Nothing else is kept.
 2. *Encode*: read again, group records into blocks of about ``--block-mb``, encode the blocks in
-   ``--num-proc`` worker processes (at most two blocks per worker in flight; each worker writes its
-   block's serialised examples to a spool file and hands back only counts, ``pieces``), and append the
-   results, in input order, to Arrow shard groups that are closed, hashed and recorded as they fill
-   (``shards``). The parent only reads, dispatches and appends: the serial part, kept small.
+   ``--num-proc`` worker processes (at most two blocks per worker in flight; blocks go to the workers
+   and results come back through spool files, so only file names and counts cross the pool's queues,
+   ``pieces``), and append the results, in input order, to Arrow shard groups that are closed, hashed
+   and recorded as they fill (``shards``). The parent only reads, hands blocks out and appends: the
+   serial part, kept small. A worker that dies (the OOM killer's pick) ends the run in one line, not a hang.
 
 Blocks are cut by size alone and results are appended in input order, so the output bytes are the
 same for any ``--num-proc``. Peak memory is a few blocks per process plus the tokenizer sample and

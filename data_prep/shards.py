@@ -135,10 +135,11 @@ def keep_finished(out: Path, manifest: dict[str, Any]) -> int:
 
 
 def spool_dir(out: Path) -> Path:
-    """An empty folder in ``out`` for the workers' results (the same file system: copies stay in the kernel)."""
+    """An empty folder in ``out`` for the blocks sent to the workers and their results (the same file system:
+    copies stay in the kernel). Only its owner may write there: the workers unpickle the blocks."""
     spool = out / SPOOL_DIR
     shutil.rmtree(spool, ignore_errors=True)  # a killed run's leftovers
-    spool.mkdir(parents=True, exist_ok=True)
+    spool.mkdir(mode=0o700, parents=True, exist_ok=True)
     return spool
 
 

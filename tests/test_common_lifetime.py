@@ -19,9 +19,8 @@ import os, sys, time
 from app.common.lifetime import die_with_parent
 mode, parent = sys.argv[1], os.getpid()
 if os.fork() == 0:
-    if mode == "before":
-        assert die_with_parent(parent)
-    print(os.getpid(), flush=True)  # set up: the test may kill the parent now
+    ok = die_with_parent(parent) if mode == "before" else True
+    print(os.getpid(), ok, flush=True)  # set up: the test may kill the parent now
     if mode == "after":
         while os.getppid() == parent:
             time.sleep(0.01)
@@ -46,7 +45,8 @@ def test_a_child_dies_with_its_parent_only_when_asked(mode):
     proc = subprocess.Popen(
         [sys.executable, "-c", FORK_A_CHILD, mode], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
-    child = int(proc.stdout.readline())
+    pid, ok = proc.stdout.readline().split()
+    child = int(pid)
     try:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -55,6 +55,7 @@ def test_a_child_dies_with_its_parent_only_when_asked(mode):
         )  # the control only needs to outlive a second
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert ok == "True", "prctl(PR_SET_PDEATHSIG) was refused"
         assert _alive(child) is (mode == "never")
     finally:
         proc.stdout.close()

@@ -239,8 +239,9 @@ def _digests(out: Path) -> list[str]:
     ]
 
 
-LINES_FLAGS = ["--doc-split", "line", "--tokenizer", "byte", "--block-mb", "0.02", "--shard-mb", "0.1",
-               "--num-proc", "2", "--quiet"]  # fmt: skip
+def _lines_flags(block_mb: str = "0.02") -> list[str]:
+    return ["--doc-split", "line", "--tokenizer", "byte", "--block-mb", block_mb, "--shard-mb", "0.1",
+            "--num-proc", "2", "--quiet"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -249,14 +250,16 @@ def lines_reference(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("lines")
     src = root / "lines.txt"
     src.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(8000)))
-    assert prep_main(["--input", str(src), *LINES_FLAGS, "--out", str(root / "reference")]) == 0
+    assert prep_main(["--input", str(src), *_lines_flags(), "--out", str(root / "reference")]) == 0
     return src, root / "reference"
 
 
-def _prep(src: Path, out: Path, faults: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _prep(
+    src: Path, out: Path, faults: dict[str, str] | None = None, block_mb: str = "0.02"
+) -> subprocess.CompletedProcess:
     """``python -m data_prep`` on `src` in a session of its own. A run that hangs is stopped with SIGABRT,
     so faulthandler prints where every process of it waits, and the test fails with that."""
-    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), *LINES_FLAGS, "--out", str(out)]
+    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), *_lines_flags(block_mb), "--out", str(out)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1", **(faults or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # fmt: skip
@@ -315,17 +318,21 @@ def test_disk_full_is_one_line_and_resumes(tmp_path, lines_reference):
 def test_a_killed_worker_is_one_line_and_the_rerun_resumes(tmp_path, lines_reference):
     """An encode worker killed mid-run (SIGKILL, as the OOM killer does; MLSTM_DS_FAULTS=kill_worker_at_block)
     ends the run with one line, not a wait for the lost block forever; the finished groups are kept and the
-    same command resumes to the shards of an uninterrupted prep."""
-    src, reference = lines_reference
-    out = tmp_path / "o"
-    line = _one_error_line(_prep(src, out, {"MLSTM_DS_FAULTS": "kill_worker_at_block=12"}))
+    same command resumes to the shards of an uninterrupted prep. Blocks of 80 KB, over a pipe's 64 KiB: a
+    block sent through the pool's queue could hang the executor's cleanup on Python < 3.11.5 (CPython
+    94777), so blocks go through spool files (data_prep.pipeline._send)."""
+    src, _ = lines_reference
+    reference, out = tmp_path / "reference", tmp_path / "o"
+    assert prep_main(["--input", str(src), *_lines_flags("0.08"), "--out", str(reference)]) == 0
+    # block 4 is handed out once block 0's result is written (two blocks in flight per worker): a group is done
+    line = _one_error_line(_prep(src, out, {"MLSTM_DS_FAULTS": "kill_worker_at_block=4"}, block_mb="0.08"))
     assert (
         line.startswith(f"error: {out}: a data prep worker process ended abruptly")
         and "rerun the same command" in line
     )
     assert len(json.loads((out / "manifest.json").read_text())["groups"]) > 0
     first = (out / "train" / "00000.arrow").stat().st_mtime_ns
-    p = _prep(src, out)
+    p = _prep(src, out, block_mb="0.08")
     assert p.returncode == 0, p.stderr
     assert (out / "train" / "00000.arrow").stat().st_mtime_ns == first
     assert _digests(out) == _digests(reference)
