@@ -1,6 +1,7 @@
 """Training throughput on ONE GPU, through the real entry point. JSON line last.
 
     python bench/train_gpu.py [--runs small,medium,large_b128,large_b256] [--steps 40] [--save]
+        [--data-spm DIR --data-byte DIR]   # prepared data to reuse
     python bench/train.py --device cuda ...   # the same (bench/train.py hands over to this script)
 
 Each run is `deepspeed --num_gpus 1 app/train.py --deepspeed_config ds_configs/gpu_bf16_zero2.json
@@ -9,7 +10,10 @@ SentencePiece tokenizer at their micro-batch, `large_b128` / `large_b256` the `l
 layer: the size of OpenAI's sentiment-neuron mLSTM) with the byte tokenizer at B = 128 / 256, where tokens/s
 is bytes/s. Figures: the median of the per-step tokens/s and MFU in metrics.jsonl over every step after
 the first `--skip` (compilation, graph capture, allocator warm-up), MFU against the datasheet dense bf16
-peak (app/training/peak_flops.py), and the run log's lines naming the core, the optimizer and the peak.
+peak (app/training/peak_flops.py), and the run log's lines naming the core (with the GPU loops the tuner
+chose and their times), the optimizer and the peak. `first_step_s`: launch to the first step's record
+(start-up, compilation and tuning included); `slowest_step_vs_median`: the slowest step after the first over
+the median (what a bucket length first met mid-run costs).
 `--save` appends the JSON line to bench/results/train_gpu-<device>-<date>.json (with the git commit).
 A run that fails is reported with the last lines of its log, never a crash of the benchmark.
 """
@@ -17,6 +21,7 @@ A run that fails is reported with the last lines of its log, never a crash of th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -52,7 +57,16 @@ def prep(out: Path, tokenizer: str, seq_len: int) -> None:
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
-def train(name: str, data: Path, out: Path, steps: int, skip: int) -> dict:
+def _first_step_s(proc: subprocess.Popen, metrics: Path, t0: float, timeout_s: float) -> float | None:
+    """Seconds from launch until the first training step's record reaches metrics.jsonl (polled), or None."""
+    while proc.poll() is None and time.perf_counter() - t0 < timeout_s:
+        if metrics.exists() and "train/tokens_per_s" in metrics.read_text():
+            return time.perf_counter() - t0
+        time.sleep(0.2)
+    return None
+
+
+def train(name: str, data: Path, out: Path, steps: int, skip: int, timeout_s: float) -> dict:
     preset, _, batch = RUNS[name]
     cmd = [
         str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "1", str(ROOT / "app" / "train.py"),
@@ -63,23 +77,33 @@ def train(name: str, data: Path, out: Path, steps: int, skip: int) -> dict:
         "--plots", "false", "--wandb-mode", "disabled", "--log-every", "5",
     ]  # fmt: skip
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    log = p.stdout + p.stderr
-    if p.returncode != 0:
-        return {"status": "failed", "rc": p.returncode, "log_tail": log[-1500:]}
+    log_path = out.parent / f"{name}.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        first = _first_step_s(proc, out / "metrics.jsonl", t0, timeout_s)
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    log = log_path.read_text(errors="replace")
+    if rc != 0:
+        return {"status": "failed", "rc": rc, "log_tail": log[-1500:]}
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train_recs = [r for r in recs if "train/tokens_per_s" in r][skip:]
-    tps = [r["train/tokens_per_s"] for r in train_recs]
-    mfu = [r["train/mfu"] for r in train_recs]
+    tps_all = [r["train/tokens_per_s"] for r in recs if "train/tokens_per_s" in r]
+    tps, mfu = tps_all[skip:], [r["train/mfu"] for r in recs if "train/mfu" in r][skip:]
     notes = [
         ln.split("INFO ", 1)[-1]
         for ln in log.splitlines()
         if any(k in ln for k in ("mLSTM core", "optimizer:", "MFU against"))
     ]
+    med = statistics.median(tps) if tps else None
     return {
         "status": "ok", "preset": preset, "micro_batch": batch, "steps_timed": len(tps),
-        "tokens_per_s": statistics.median(tps) if tps else None, "mfu": statistics.median(mfu) if mfu else None,
-        "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
+        "tokens_per_s": med, "mfu": statistics.median(mfu) if mfu else None,
+        # a new bucket length, first met mid-run, costs what: the slowest step after the first against the median
+        "slowest_step_vs_median": min(tps_all[1:]) / med if med and len(tps_all) > 1 else None,
+        "first_step_s": first, "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
     }  # fmt: skip
 
 
@@ -89,6 +113,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--skip", type=int, default=10, help="first steps left out of the medians")
     ap.add_argument("--seq-len", type=int, default=256, help="data_prep --max-seq-len")
+    ap.add_argument("--data-spm", type=Path, help="prepared SentencePiece data to reuse (else prepared here)")
+    ap.add_argument("--data-byte", type=Path, help="prepared byte-level data to reuse (else prepared here)")
+    ap.add_argument("--timeout-s", type=float, default=300, help="a run still going after this is stopped")
+    ap.add_argument("--keep", type=Path, help="run here (logs, metrics) instead of a temporary folder")
     ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     args = ap.parse_args()
@@ -103,14 +131,18 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result: dict = {"bench": "train_gpu", "torch": torch.__version__, "steps": args.steps, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        data: dict[str, Path] = {}
+    with (
+        tempfile.TemporaryDirectory() if args.keep is None else contextlib.nullcontext(str(args.keep)) as tmp
+    ):
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        data: dict[str, Path] = {k: v for k, v in (("spm", args.data_spm), ("byte", args.data_byte)) if v}
         for name in runs:
             tok = RUNS[name][1]
             if tok not in data:
                 data[tok] = Path(tmp) / f"data_{tok}"
                 prep(data[tok], tok, args.seq_len)
-            result["runs"][name] = r = train(name, data[tok], Path(tmp) / name, args.steps, args.skip)
+            r = train(name, data[tok], Path(tmp) / name, args.steps, args.skip, args.timeout_s)
+            result["runs"][name] = r
             print(name, json.dumps(r)[:400], flush=True)
             if RUNS[name][1] == "byte" and r.get("tokens_per_s"):
                 r["bytes_per_s"] = r["tokens_per_s"]  # one token per byte

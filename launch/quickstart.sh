@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job, end to end on the embedded default corpus (CPython's docs + stdlib sources; no download):
-#   1. set up .venv   2. prepare data   3. train on 2 processes (2 pipeline stages, ZeRO-1)
+#   1. set up .venv   2. prepare data   3. train: on a CPU machine 2 processes (2 pipeline stages, ZeRO-1, fp32);
+#      where torch sees a CUDA GPU, 1 process on it (1 stage, ZeRO-2, bf16)
 #   4. evaluate on the test split (+ gzip/bzip2/xz reference)   5. export   6. print a sample
 # Environment: MINUTES (training time budget, default 4: the whole script takes about 5-6 minutes on 2 cores),
-# STEPS (train this many steps instead of MINUTES), NUM_PROCS (2), MODEL (small), OUT (runs/quickstart),
-# DATA (data/default), DS_CONFIG (ds_configs/cpu_pp2_zero1.json), DS_LOG_LEVEL (DeepSpeed launcher's log level, default error:
-# its INFO lines are start-up noise), DRY_RUN=1 prints the commands only.
+# STEPS (train this many steps instead of MINUTES), DEVICE (auto, cpu or gpu), NUM_PROCS (2 on CPU, 1 on a
+# GPU), STAGES (2 on CPU, 1 on a GPU), MODEL (small), OUT (runs/quickstart), DATA (data/default), DS_CONFIG
+# (ds_configs/cpu_pp2_zero1.json on CPU, ds_configs/gpu_bf16_zero2.json on a GPU), DS_LOG_LEVEL (DeepSpeed
+# launcher's log level, default error: its INFO lines are start-up noise), DRY_RUN=1 prints the commands only.
 # Rerunning resumes OUT: with a larger MINUTES (or STEPS) it trains on to the new total.
 # The steps use the console scripts the install provides (mlstm-prep, mlstm-eval, ...; see README).
 set -euo pipefail
@@ -15,7 +17,17 @@ cd "$ROOT"
 
 DATA="${DATA:-data/default}"
 OUT="${OUT:-runs/quickstart}"
-NUM_PROCS="${NUM_PROCS:-2}"
+DEVICE="${DEVICE:-auto}"
+if [ "$DEVICE" = auto ]; then
+  DEVICE=cpu
+  if python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then DEVICE=gpu; fi
+fi
+case "$DEVICE" in
+  gpu) NUM_PROCS="${NUM_PROCS:-1}" STAGES="${STAGES:-1}" DS_CONFIG="${DS_CONFIG:-ds_configs/gpu_bf16_zero2.json}" ;;
+  cpu) NUM_PROCS="${NUM_PROCS:-2}" STAGES="${STAGES:-2}" DS_CONFIG="${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" ;;
+  *) echo "error: DEVICE must be auto, cpu or gpu, not '$DEVICE'" >&2; exit 2 ;;
+esac
+echo "[quickstart] training on $DEVICE: $NUM_PROCS process(es), $STAGES pipeline stage(s), $DS_CONFIG" >&2
 if [ -n "${STEPS:-}" ]; then length=(--max-steps "$STEPS"); else length=(--time-budget "${MINUTES:-4}"); fi
 
 run() {
@@ -29,8 +41,8 @@ else
   run mlstm-prep --out "$DATA" --max-seq-len 128  # SentencePiece sized from the corpus (the default)
 fi
 run deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/train.py \
-  --deepspeed_config "${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" \
-  --data "$DATA" --pipeline-stages 2 --out "$OUT" --model-config "${MODEL:-small}" \
+  --deepspeed_config "$DS_CONFIG" \
+  --data "$DATA" --pipeline-stages "$STAGES" --out "$OUT" --model-config "${MODEL:-small}" \
   "${length[@]}" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
   --test-eval false --wandb-mode "${WANDB_MODE:-offline}"  # the test split is evaluated next, with compressors
 # "$OUT/best": the checkpoint with the lowest validation loss (the last one unless the run overfits)

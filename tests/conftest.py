@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from data_prep.cli import main as prep_main
+
+
+def _cpu_for_launched_processes() -> None:
+    """The suite's launches (deepspeed ranks, entry points) are CPU tests (gloo, 2 ranks on one machine): on a
+    GPU machine they must not take the GPU. This process enumerates its CUDA devices first (the `gpu` tests run
+    here, on the GPU), then every process it starts sees none, and DeepSpeed runs on the CPU accelerator."""
+    if torch.cuda.is_available():  # the CUDA runtime reads CUDA_VISIBLE_DEVICES once: now, with the GPUs seen
+        torch.cuda.init()
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+_cpu_for_launched_processes()
 
 TINY_PREP_ARGS = ["--default-max-mb", "0.3", "--max-seq-len", "64", "--num-proc", "2", "--quiet"]
 
@@ -128,8 +143,6 @@ HEAVY_FILES = {
 def pytest_collection_modifyitems(config, items):
     """Heavy files first (HEAVY_FILES; the order within a file is kept). `gpu` tests need a CUDA device:
     skipped, with the reason shown, where torch sees none."""
-    import torch
-
     items.sort(key=lambda item: -HEAVY_FILES.get(item.path.name, 0))  # stable: the rest keep their order
     if torch.cuda.is_available():
         return

@@ -49,6 +49,20 @@ def test_quickstart_dry_run_lists_every_stage(tmp_path):
         assert needle in out
 
 
+def test_quickstart_on_a_gpu_trains_one_process_in_bf16(tmp_path):
+    """DEVICE=gpu is what `auto` picks where torch sees CUDA: one process, one stage, the bf16 ZeRO-2 config."""
+    out = dry("quickstart.sh", DATA=str(tmp_path / "data"), DEVICE="gpu")
+    assert (
+        "+ deepspeed --log_level error --num_gpus 1 app/train.py --deepspeed_config ds_configs/gpu_bf16_zero2.json"
+        in out
+    )
+    assert "--pipeline-stages 1 " in out and "[quickstart] training on gpu" in out
+    e = dict(os.environ, DRY_RUN="1", DEVICE="tpu")
+    p = subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh")], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and p.stderr.strip() == "error: DEVICE must be auto, cpu or gpu, not 'tpu'"
+
+
 @pytest.mark.parametrize(
     "script", [*sorted(p.name for p in (ROOT / "launch").glob("*.sh")), "slurm_train.sbatch"]
 )

@@ -49,26 +49,48 @@ def interpreted(tmp_path_factory) -> dict:
     return _check("parity", tmp_path_factory.mktemp("interp"), TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
 
 
-@pytest.mark.parametrize("case", ["odd/triton/float64", "odd/triton/float32", "tiles/triton/float32"])
-def test_forward_and_gradients_match_the_float64_reference(interpreted, case):
-    """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) at odd shapes (B3 T5 D7 H20: no tile is full) and over
-    several tiles each way (B37 H40), relative to the reference's largest value."""
-    tol = 1e-12 if case.endswith("float64") else 5e-6
-    errs = interpreted[case]
+LOOPS = ("step", "cublas", "persistent")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("case", ["odd/float64", "odd/float32", "tiles/float32"])
+def test_forward_and_gradients_match_the_float64_reference(interpreted, loop, case):
+    """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) of each GPU loop (the persistent one phase by phase, 3
+    programs looping over several tiles) at odd shapes (B3 T5 D7 H20: no tile is full) and over several
+    tiles each way (B37 H40), relative to the reference's largest value."""
+    name, dt = case.split("/")
+    key = f"{name}/{loop}/{dt}"
+    if key not in interpreted:
+        pytest.skip(f"{key}: covered by the persistent loop's run of the same kernels")
+    tol = 1e-12 if dt == "float64" else 5e-6
+    errs = interpreted[key]
     assert len(errs) == 6 and max(errs) < tol, errs
 
 
-def test_bf16_is_as_close_as_the_reference_core_in_bf16(interpreted):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_bf16_is_as_close_as_the_reference_core_in_bf16(interpreted, loop):
     """bf16 operands, fp32 state: the error against float64 is that of the Python core at bf16."""
-    got, py = interpreted["odd/triton/bfloat16"], interpreted["odd/python/bfloat16"]
+    got, py = interpreted[f"odd/{loop}/bfloat16"], interpreted["odd/python/bfloat16"]
     for name, g, p in zip(["y", "dx", "dw_in", "dbias", "dw_mh", "dw_m"], got, py):
         assert g < max(3 * p, 5e-3), (name, g, p)
         assert g > 1e-5, (name, g)  # bf16 rounding is there: the operands really were bf16
 
 
-def test_right_padding_leaves_real_positions_alone(interpreted):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_carried_state_runs_through_the_triton_loops(interpreted, loop):
+    """From a non-zero (h_0, c_0): h, c_T and every weight gradient equal the float64 reference's."""
+    assert max(interpreted[f"from_state/{loop}"]) < 1e-12, interpreted[f"from_state/{loop}"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_prefill_gives_each_row_its_state_after_its_length(interpreted, loop):
+    assert max(interpreted[f"prefill/{loop}"]) < 1e-12, interpreted[f"prefill/{loop}"]
+
+
+@pytest.mark.parametrize("loop", ["cublas", "persistent"])
+def test_right_padding_leaves_real_positions_alone(interpreted, loop):
     """Lengths 6, 4, 1 padded to 6: outputs, dx and every weight gradient equal the rows run alone."""
-    assert max(interpreted["padded"]) < 1e-12, interpreted["padded"]
+    assert max(interpreted[f"padded/{loop}"]) < 1e-12, interpreted[f"padded/{loop}"]
 
 
 def test_dispatcher_picks_triton_for_fused_and_auto(interpreted):
@@ -114,15 +136,41 @@ def test_an_older_triton_is_named_and_not_run(monkeypatch):
     assert triton_core.available(x, w) is None
 
 
+def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_path):
+    """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): all three loops timed each way
+    and none left out (they agree with the cuBLAS loop), a loop that computes something else left out with
+    why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
+    out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
+    assert set(out["choice"]) == {f"{d}/{n}" for d in ("fwd", "bwd") for n in LOOPS}, out
+    assert all(isinstance(v, float) for v in out["choice"].values()), out
+    assert (
+        out["wrong"]["picked"] == "cublas"
+        and "outputs differ from the cublas loop's" in out["wrong"]["times"]["fwd/wrong"]
+    )
+    assert out["python"] == [True, True] and out["logged"] == 1
+
+
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
-    """Triton's real compiler (not the interpreter) builds all four kernels for an H100 in bf16 and fp32."""
+    """Triton's real compiler (not the interpreter) builds both kernels, every way they run, for an H100 in
+    bf16 and fp32; the products' K loops are software-pipelined, and the forward's gate phase (4 gates x 16
+    units as M, the batch as N) uses Hopper's warpgroup MMA in bf16, in the step and persistent kernels."""
     out = _check("compile", tmp_path)
     if "skip" in out:
         pytest.skip(out["skip"])
-    assert sorted(out) == sorted(
-        f"{k}/{d}" for k in ("fwd_r", "fwd_gates", "bwd_m", "bwd_h") for d in ("bf16", "fp32")
-    )
-    assert all(size > 1000 for size in out.values()), out
+    assert len(out) == 20 and all(v["cubin"] > 1000 for v in out.values()), out
+    assert all(v["pipelined"] for k, v in out.items() if "/dot/" in k), out
+    assert out["mlstm_fwd/phase2/dot/bf16"]["wgmma"] and out["mlstm_fwd/phase0/dot/bf16"]["wgmma"], out
+
+
+def test_tiles_give_every_sm_work_and_keep_large_layers_whole_batch():
+    from app.model.gpu_tuning import tiles_for
+
+    t = tiles_for(64, 1024, torch.bfloat16, sms=132, weights_in_l2=True)
+    assert (t.n_r(64, 1024), t.n_g(64, 1024)) == (128, 128) and 4 * t.bu_g == 64, t  # one wave; M = 64
+    big = tiles_for(128, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
+    assert big.bb_r == big.bb_g == 128, big  # weights streamed from HBM once per step, not per batch tile
+    tiny = tiles_for(3, 20, torch.float32, sms=132, weights_in_l2=True)
+    assert min(tiny.bb_r, tiny.bu_r, tiny.bb_g, 4 * tiny.bu_g, tiny.bk) >= 16, tiny  # tl.dot's minimum
 
 
 # ---- on a CUDA device
@@ -148,18 +196,35 @@ def _grads(fn, x, ws, dy, dtype):
     return [y.detach().double()] + [t.grad.double() for t in leaves]
 
 
+@pytest.fixture
+def forced_loop(monkeypatch):
+    """Run the Triton core with one loop, untimed."""
+    from app.model import gpu_loops, gpu_tuning
+
+    def force(loop: str) -> None:
+        monkeypatch.setenv("MLSTM_GPU_LOOP", loop)
+        gpu_tuning._choices.clear()
+        gpu_loops.clear_graphs()
+
+    yield force
+    gpu_tuning._choices.clear()
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(16, 64, 256, 256), (64, 32, 1024, 1024), (5, 17, 33, 200)])
-def test_cuda_parity_at_real_sizes(shape, dtype):
+def test_cuda_parity_at_real_sizes(shape, dtype, loop, forced_loop):
     from app.model.mlstm_core import MLSTMFunction
     from app.model.triton_core import TritonMLSTMFunction
 
+    forced_loop(loop)
     x, ws, dy = _cuda_case(*shape, dtype)
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = _grads(MLSTMFunction, x.double(), [w.double() for w in ws], dy.double(), torch.float64)
-    got = _grads(TritonMLSTMFunction, x, ws, dy, dtype)
     base = _grads(MLSTMFunction, x, ws, dy, dtype)  # the reference core at the same precision
+    for _ in range(3):  # eager, then captured (step, cublas), then replayed
+        got = _grads(TritonMLSTMFunction, x, ws, dy, dtype)
     for name, g, b, r in zip(["y", "dx", "dw_in", "dbias", "dw_mh", "dw_m"], got, base, ref):
         scale = r.abs().max()
         err, err_base = (g - r).abs().max() / scale, (b - r).abs().max() / scale
@@ -167,26 +232,92 @@ def test_cuda_parity_at_real_sizes(shape, dtype):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_equals_the_eager_loop(monkeypatch):
-    from app.model import triton_core
+@pytest.mark.parametrize("loop", LOOPS)
+def test_cuda_carried_state_and_prefill(loop, forced_loop):
+    """From a non-zero state, fp32: h, c_T and the weight gradients against the reference core's; prefill's
+    per-row states."""
+    from app.model import mlstm_core, triton_core
 
+    forced_loop(loop)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x, ws, dy = _cuda_case(8, 24, 64, 256, torch.float32, seed=3)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h0, c0 = (
+        torch.rand(8, 256, device="cuda", generator=g) - 0.5,
+        torch.randn(8, 256, device="cuda", generator=g),
+    )
+    outs = []
+    for fn in (triton_core.TritonMLSTMFromState, mlstm_core.MLSTMFromState):
+        leaves = [t.clone().requires_grad_() for t in (x, *ws)]
+        y, c = fn.apply(*leaves, h0, c0)
+        (y * dy).sum().backward()
+        outs.append([y.detach(), c] + [t.grad for t in leaves])
+    for a, b in zip(*outs):
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (a - b).abs().max()
+    lengths = torch.tensor([24, 3, 17, 1, 24, 9, 2, 20], device="cuda")
+    got = triton_core.prefill(x, lengths, *ws, (h0, c0))[1]
+    want = mlstm_core.mlstm_prefill(x, lengths, *ws, (h0, c0))[1]
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop", ["step", "cublas"])
+def test_cuda_graph_replay_equals_the_eager_loop(monkeypatch, loop, forced_loop):
+    from app.model import gpu_loops, triton_core
+
+    forced_loop(loop)
     x, ws, dy = _cuda_case(8, 12, 64, 128, torch.bfloat16)
     monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "0")
     eager = _grads(triton_core.TritonMLSTMFunction, x, ws, dy, torch.bfloat16)
     monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "1")
-    triton_core._graphs.clear()
-    triton_core._seen.clear()
     runs = [_grads(triton_core.TritonMLSTMFunction, x, ws, dy, torch.bfloat16) for _ in range(3)]
-    assert len(triton_core._graphs) == 2  # forward and backward captured (the first call ran eagerly)
+    assert gpu_loops.graphs_held() == 2  # forward and backward captured (the first call ran eagerly)
+    x2, ws2, dy2 = _cuda_case(8, 7, 64, 128, torch.bfloat16, seed=5)  # a shorter length: the same arena
+    for _ in range(2):
+        _grads(triton_core.TritonMLSTMFunction, x2, ws2, dy2, torch.bfloat16)
+    assert gpu_loops.graphs_held() == 4 and len(gpu_loops._arenas) == 2
     for run in runs:
         for a, b in zip(run, eager):
             assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
-def test_cuda_dispatch_picks_triton():
-    from app.model import core, triton_core
+def test_cuda_persistent_grid_too_large_to_be_resident_is_refused_not_hung():
+    from app.model.gpu_loops import PersistentLoop
+    from app.model.gpu_tuning import candidates
 
-    x, w = torch.zeros(2, 3, 4, device="cuda"), torch.zeros(5, 5, device="cuda")
-    assert core.select("auto", x, w) is triton_core.TritonMLSTMFunction
-    assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction
+    loops = candidates(16, 256, torch.bfloat16, torch.device("cuda"))
+    persistent = next(c for c in loops if c.name == "persistent")
+    too_many = PersistentLoop(
+        persistent.tiles, programs=64 * torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    from app.model import gpu_tuning
+
+    bufs = gpu_tuning._tuning_buffers(16, 256, torch.bfloat16, torch.device("cuda"))
+    with pytest.raises(RuntimeError):
+        too_many.forward(bufs, 16, gpu_tuning.T_TUNE, 256)
+        too_many.check()
+
+
+@pytest.mark.gpu
+def test_cuda_dispatch_times_the_loops_once_and_logs_the_choice(caplog, monkeypatch, tmp_path):
+    from app.model import core, gpu_tuning, triton_core
+
+    monkeypatch.delenv("MLSTM_GPU_LOOP", raising=False)
+    monkeypatch.setenv("MLSTM_CACHE_DIR", str(tmp_path))
+    gpu_tuning._choices.clear()
+    gpu_tuning._logged.clear()
+    x, w = (
+        torch.zeros(32, 3, 64, device="cuda", dtype=torch.bfloat16),
+        torch.zeros(256, 256, device="cuda", dtype=torch.bfloat16),
+    )
+    with caplog.at_level("INFO", logger="app.model.gpu_tuning"):
+        fns = {core.select("auto", x, w) for _ in range(3)}
+    assert len(fns) == 1 and fns <= {triton_core.TritonMLSTMFunction, core.MLSTMFunction}
+    lines = [r.message for r in caplog.records if "B32 H256" in r.message]
+    assert len(lines) == 1 and "ms at T=64" in lines[0], lines
+    choice = gpu_tuning._choices[(*gpu_tuning._key(x, w), None)]
+    assert {f"{d}/{n}" for d in ("fwd", "bwd") for n in LOOPS} <= set(choice.times), choice.times
+    assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction  # "fused" asks for it, whatever won
+    assert "B32 H256" in (tmp_path / "gpu_loops.json").read_text()  # a later run skips the timing

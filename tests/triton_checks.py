@@ -52,26 +52,91 @@ def _errors(got, want) -> list[float]:
 
 
 def parity() -> dict:
+    """Every GPU loop (MLSTM_GPU_LOOP: step, cublas, persistent run phase by phase) against the reference."""
+    import os
+
+    from app.model import gpu_tuning
     from app.model.core import select
     from app.model.mlstm_core import MLSTMFunction
     from app.model.triton_core import TritonMLSTMFunction
 
     out: dict = {}
-    for name, (B, T, D, H) in {"odd": (3, 5, 7, 20), "tiles": (37, 3, 5, 40)}.items():
-        x = torch.randn(B, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
-        ws = _weights(D, H, seed=H)
-        dy = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-        ref = _run_reference(x, ws, dy)
-        dtypes = (torch.float64, torch.float32, torch.bfloat16) if name == "odd" else (torch.float32,)
-        for dt in dtypes:
-            dn = str(dt).removeprefix("torch.")
-            out[f"{name}/triton/{dn}"] = _errors(_run_core(TritonMLSTMFunction, x, ws, dt, dy), ref)
-            if dt == torch.bfloat16:  # the reference core at the same precision: the bf16 yardstick
-                out[f"{name}/python/{dn}"] = _errors(_run_core(MLSTMFunction, x, ws, dt, dy), ref)
-    out["padded"] = _padded(TritonMLSTMFunction)
+    # the step loop runs the persistent loop's kernels one program per tile (the persistent loop, in the
+    # interpreter, 3 programs looping over several tiles each): fewer cases for it
+    cases = {("odd", "float64"), ("odd", "float32"), ("odd", "bfloat16"), ("tiles", "float32")}
+    for loop in gpu_tuning.LOOPS:
+        os.environ["MLSTM_GPU_LOOP"] = loop
+        gpu_tuning._choices.clear()
+        for name, (B, T, D, H) in {"odd": (3, 5, 7, 20), "tiles": (37, 3, 5, 40)}.items():
+            x = torch.randn(B, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
+            ws = _weights(D, H, seed=H)
+            dy = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+            ref = _run_reference(x, ws, dy)
+            for dt in (torch.float64, torch.float32, torch.bfloat16):
+                if (name, str(dt)[6:]) not in cases or (
+                    loop == "step" and str(dt)[6:] == "float32" and name == "odd"
+                ):
+                    continue
+                dn = str(dt).removeprefix("torch.")
+                out[f"{name}/{loop}/{dn}"] = _errors(_run_core(TritonMLSTMFunction, x, ws, dt, dy), ref)
+                if dt == torch.bfloat16 and loop == "step":  # the reference core at bf16: the yardstick
+                    out[f"{name}/python/{dn}"] = _errors(_run_core(MLSTMFunction, x, ws, dt, dy), ref)
+        out[f"from_state/{loop}"] = _from_state()
+        out[f"prefill/{loop}"] = _prefill()
+        if loop != "step":
+            out[f"padded/{loop}"] = _padded(TritonMLSTMFunction)
     x32, w32 = torch.zeros(2, 3, 4), torch.zeros(5, 5)
     out["dispatch"] = {c: select(c, x32, w32).__name__ for c in ("auto", "fused", "python")}
     return out
+
+
+def _from_state() -> list[float]:
+    """From a non-zero (h_0, c_0) in float64: h and every weight gradient (the state a constant) against the
+    float64 reference stepped from the same state, and c_T against the reference core's."""
+    from app.model.mlstm_core import MLSTMFromState
+    from app.model.reference import naive_mlstm
+    from app.model.triton_core import TritonMLSTMFromState
+
+    B, T, D, H = 4, 6, 5, 24
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(B, T, D, dtype=torch.float64, generator=g)
+    ws = _weights(D, H, seed=13)
+    h0, c0 = (
+        torch.rand(B, H, dtype=torch.float64, generator=g) - 0.5,
+        torch.randn(B, H, dtype=torch.float64, generator=g),
+    )
+    dy = torch.randn(B, T, H, dtype=torch.float64, generator=g)
+    leaves = [t.clone().requires_grad_() for t in (x, *ws)]
+    y, c_last = TritonMLSTMFromState.apply(*leaves, h0, c0)
+    (y * dy).sum().backward()
+    got = [y.detach(), c_last] + [t.grad for t in leaves[1:]]
+    ref_leaves = [t.clone().requires_grad_() for t in (x, *ws)]
+    x_, w_in, bias, w_mh, w_m = ref_leaves
+    y_ref = naive_mlstm(x_, w_in[:H], w_in[H:], bias, w_mh, w_m, (h0, c0))
+    (y_ref * dy).sum().backward()
+    c_ref = MLSTMFromState.apply(x, *ws, h0, c0)[1]
+    want = [y_ref.detach(), c_ref.detach()] + [t.grad for t in ref_leaves[1:]]
+    return _errors(got, want)
+
+
+def _prefill() -> list[float]:
+    """Inference from a given state, rows of lengths 5, 2, 4: h at real positions and each row's state after
+    its own length, against the reference core's prefill (float64)."""
+    from app.model import mlstm_core, triton_core
+
+    B, T, D, H = 3, 5, 6, 20
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(B, T, D, dtype=torch.float64, generator=g)
+    w_in, bias, w_mh, w_m = _weights(D, H, seed=23)
+    state = (
+        torch.randn(B, H, dtype=torch.float64, generator=g),
+        torch.randn(B, H, dtype=torch.float64, generator=g),
+    )
+    lengths = torch.tensor([5, 2, 4])
+    h, (hl, cl) = triton_core.prefill(x, lengths, w_in, bias, w_mh, w_m, state)
+    h_ref, (hl_ref, cl_ref) = mlstm_core.mlstm_prefill(x, lengths, w_in, bias, w_mh, w_m, state)
+    real = torch.arange(T)[None, :] < lengths[:, None]
+    return _errors([h[real], hl, cl], [h_ref[real], hl_ref, cl_ref])
 
 
 def _padded(fn) -> list[float]:
@@ -100,37 +165,111 @@ def _padded(fn) -> list[float]:
 
 
 def compile_sm90() -> dict:
+    """Both kernels, every way they run (a phase of a step with the product in it or read back from cuBLAS;
+    the persistent loop), built by Triton's real compiler for an H100 with the tiles the tuner picks for
+    B64 H1024, in bf16 and fp32, with the argument divisibility the JIT specialises on. Per build: cubin
+    bytes, whether its K loop was software-pipelined (asynchronous copies) and whether it uses Hopper's
+    warpgroup MMA."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from app.model import triton_kernels as k
+    from app.model.gpu_tuning import tiles_for
 
     tl = triton.language
-    target = GPUTarget("cuda", 90, 32)
     out = {}
-    for dt, ty in (("bf16", "*bf16"), ("fp32", "*fp32")):
-        consts = dict(BM=16, BN=64, BK=32, UPCAST=False, ACC=tl.float32, PREC="ieee")
-        for kern, ptrs, ints in (
-            (k.fwd_r, {"h_ptr": ty, "w_mh_ptr": ty, "pm_ptr": "*fp32", "r_ptr": "*fp32", "m_ptr": ty}, 3),
-            (k.fwd_gates, {"m_ptr": ty, "w_m_ptr": ty, "pg_ptr": "*fp32", "gates_ptr": "*fp32",
-                           "cs_ptr": "*fp32", "tcs_ptr": "*fp32", "hs_ptr": ty}, 4),
-            (k.bwd_m, {"dp_ptr": ty, "w_m_ptr": ty, "rs_ptr": "*fp32", "pm_ptr": "*fp32", "dr_ptr": ty}, 3),
-            (k.bwd_h, {"dr_ptr": ty, "w_mh_ptr": ty, "dy_ptr": "*fp32", "gates_ptr": "*fp32",
-                       "cs_ptr": "*fp32", "tcs_ptr": "*fp32", "dc_ptr": "*fp32", "dp_ptr": ty}, 3),
-        ):  # fmt: skip
-            names = kern.arg_names
-            c = dict(consts, **({"WITH_DOT": True} if "WITH_DOT" in names else {}))
-            sig = {n: ptrs.get(n) or ("constexpr" if n in c else "i32") for n in names}
-            assert sum(v == "i32" for v in sig.values()) == ints, (kern.__name__, sig)
-            compiled = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=c), target=target)
-            out[f"{kern.__name__}/{dt}"] = len(compiled.asm["cubin"])
+    for dt, ty, torch_dt in (("bf16", "*bf16", torch.bfloat16), ("fp32", "*fp32", torch.float32)):
+        t = tiles_for(64, 1024, torch_dt, sms=132, weights_in_l2=True)
+        for kern, names in (
+            (k.mlstm_fwd, ("BB_R", "BU_R", "BB_G", "BU_G")),
+            (k.mlstm_bwd, ("BB_H", "BU_H", "BB_M", "BU_M")),
+        ):
+            for phase, sync, dot in (
+                (1, False, True),
+                (2, False, True),
+                (0, True, True),
+                (1, False, False),
+                (2, False, False),
+            ):
+                c = dict(
+                    PHASE=phase,
+                    SYNC=sync,
+                    USE_DOT=dot,
+                    BK=t.bk,
+                    UPCAST=False,
+                    ACC=tl.float32,
+                    PREC="ieee",
+                    CACHE=".cg" if sync else "",
+                    MAX_SPIN=1 << 22,
+                    **dict(zip(names, (t.bb_r, t.bu_r, t.bb_g, t.bu_g))),
+                )
+                sig = {n: "constexpr" if n in c else ty if n in _OPERANDS else "*fp32" if n in _STATE else
+                       "*i32" if n == "bar" else "i32" for n in kern.arg_names}  # fmt: skip
+                attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
+                         if sig[n].startswith("*") or n in ("B", "H")}  # fmt: skip
+                src = ASTSource(fn=kern, signature=sig, constexprs=c, attrs=attrs)
+                cc = triton.compile(
+                    src,
+                    target=GPUTarget("cuda", 90, 32),
+                    options=dict(num_warps=t.warps, num_stages=t.stages, enable_fp_fusion=True),
+                )
+                ttgir = cc.asm["ttgir"]
+                out[f"{kern.__name__}/phase{phase}/{'dot' if dot else 'cublas'}/{dt}"] = {
+                    "cubin": len(cc.asm["cubin"]),
+                    "pipelined": "async_copy_global_to_local" in ttgir,
+                    "wgmma": "warp_group_dot" in ttgir,
+                }
     return out
+
+
+def tuning() -> dict:
+    """The tuner's own logic, in the interpreter (a wall clock for CUDA events): every loop timed each way,
+    their outputs checked against the cuBLAS loop's, a loop made to compute something else left out, the
+    whole op compared with the reference core, the choice logged once."""
+    import logging
+    import os
+
+    from app.model import gpu_loops, gpu_tuning
+    from app.model.mlstm_core import MLSTMFunction
+    from app.model.triton_core import TritonMLSTMFunction
+
+    os.environ["MLSTM_GPU_LOOP"] = ""  # time them, as on a GPU
+    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP = 3, 1, 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    dev = torch.device("cpu")
+    out: dict = {"choice": gpu_tuning._tune(3, 20, torch.float32, dev, backward=True).times}
+
+    class Wrong(gpu_loops.StepLoop):  # a loop that runs, fast, and gets the state wrong
+        name = "wrong"
+
+        def forward(self, b, B, T, H):
+            super().forward(b, B, T, H)
+            b["hs"][1:].neg_()
+
+    loops = gpu_tuning.candidates(3, 20, torch.float32, dev)
+    wrong = Wrong(loops[1].tiles)
+    times: dict = {}
+    bufs = gpu_tuning._tuning_buffers(3, 20, torch.float32, dev)
+    picked = gpu_tuning._fastest([loops[0], wrong], True, bufs, 3, 20, times)
+    out["wrong"] = {"picked": picked.name, "times": times}
+    x, w = torch.zeros(3, 2, 7), torch.zeros(20, 20)
+    out["python"] = [
+        gpu_tuning.prefers_reference(x, w, True, TritonMLSTMFunction, MLSTMFunction) for _ in range(2)
+    ]
+    out["logged"] = len(gpu_tuning._logged)
+    return out
+
+
+_OPERANDS = {"hs", "w_mh", "w_m", "ms", "prod_r", "prod_g", "dr", "w_mh_t", "w_m_t", "dp", "prod_h", "prod_m"}
+_STATE = {"cs", "pm", "pg", "rs", "gates", "tcs", "dy", "dc"}
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "parity":
         print(json.dumps(parity()))
+    elif sys.argv[1] == "tuning":
+        print(json.dumps(tuning()))
     else:
         try:
             import triton.compiler  # noqa: F401

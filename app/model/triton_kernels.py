@@ -1,22 +1,40 @@
-"""The per-step Triton kernels of the GPU mLSTM core (app/model/triton_core.py drives them).
+"""The Triton kernels of the GPU mLSTM core (app/model/gpu_loops.py drives them, triton_core.py holds the op).
 
-Two kernels per time step each way, each a small GEMM with the step's elementwise work in its epilogue:
+Two kernels, one per direction, each made of two PHASES per time step; a phase is a loop over output tiles,
+and a tile is a small product with the step's elementwise work in its epilogue:
 
-    forward   _fwd_r      r = h_{t-1} W_mh^T            epilogue: keep r, m_t = pm_t * r
-              _fwd_gates  q = m_t W_m^T (4 gate tiles)  epilogue: + (W_x x_t + b), gates, c_t, tanh c_t, h_t
-    backward  _bwd_m      dm = dG_t W_m                 epilogue: d(pm_t) = dm * r_t, d(r_t) = dm * pm_t
-              _bwd_h      dh = d(r_{t+1}) W_mh + dy_t   epilogue: the gate / cell derivatives of step t:
-                                                        dG_t, the dc carry to c_{t-1}
+    forward   phase 1  r = W_mh h_{t-1}          epilogue: keep r, m_t = pm_t * r
+              phase 2  z = W_m m_t (4 gates)     epilogue: + (W_x x_t + b), gates, c_t, tanh c_t, h_t
+    backward  phase 1  dh = W_mh^T d(r_{t+1})    epilogue: + dy_t, then step t's gate and cell derivatives:
+                                                 dG_t, and the dc carry to c_{t-1}
+              phase 2  dm = W_m^T dG_t (K = 4H)  epilogue: d(pm_t) = dm * r_t, d(r_t) = dm * pm_t
 
-A program owns a (BM rows x BN units) tile and all FOUR gates of its units (W_m's rows g*H + unit, g = i, f,
-o, u: the gate-interleaved packing, read in place), so the cell math needs nothing from another program and
-the dc carry is read and written by its owner only. Operands are the compute dtype (bf16/fp16/fp32, fp64 for
-tests); accumulation, gates and cell state are ACC (fp32, or fp64 with fp64 operands).
+Every phase-2 tile of the forward (phase-1 of the backward) owns all FOUR gates of its units (W_m's rows
+g*H + unit, g = i, f, o, u: the gate-interleaved slice, gathered in place), so the cell math needs nothing
+from another tile and the dc carry is read and written by its owner only: two synchronisations per step.
 
-Interpreter notes (TRITON_INTERPRET=1, the CPU tests): UPCAST converts 16-bit operands to ACC right after
-they are loaded (the interpreter's bf16 arithmetic is wrong; the values are the same, so the result is what
-the GPU's fp32-accumulating dot gives); tanh is written with exp (no libdevice there, and no tl.tanh).
-Every load is masked: out-of-bounds reads raise nothing in the interpreter.
+Operands are swapped against the usual (batch x K) @ (K x units): a tile computes (units x batch) =
+(weight rows) @ (state)^T, so the weight rows are the product's M side. Hopper's warpgroup MMA needs
+M % 64 == 0: with the batch as M, a batch of 16 or 32 rows could not use it; 4 gates x 16 units can.
+
+One kernel body, three ways to run it (constexprs):
+    PHASE 1 or 2, SYNC off    one phase of one step per launch, a program per tile (the step loop; and
+                              the interpreter, which runs programs one after another and cannot wait)
+    PHASE 0, SYNC on          the persistent loop: every step of the sequence in one launch, a grid no
+                              larger than the SM count (a cooperative launch), each program looping over
+                              its tiles, a grid barrier between phases
+    USE_DOT off               the product is read from `prod` (cuBLAS computed it): the phase is then only
+                              its epilogue (the cuBLAS loop)
+
+The grid barrier is an epoch counter: each program adds 1 (release) and waits (acquire) until the counter
+reaches (epoch + 1) * programs. The wait is bounded (MAX_SPIN polls): a program that never sees the others
+sets the failure flag, every later barrier returns at once, and the host raises instead of hanging. Data
+another program wrote in this launch is read with cache_modifier ".cg" (L2, not the SM's own L1).
+
+Operands are the compute dtype (bf16/fp16/fp32, fp64 for tests); accumulation, gates and cell state are
+ACC (fp32, or fp64 with fp64 operands). Interpreter notes (TRITON_INTERPRET=1, the CPU tests): UPCAST
+converts 16-bit operands to ACC after loading (the interpreter's bf16 arithmetic is wrong; the values are
+the same); tanh is written with exp (no libdevice there). Every load is masked.
 """
 
 from __future__ import annotations
@@ -38,23 +56,20 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _tile_dot(acc, a_ptr, a_stride, b_ptr, b_row_stride, b_col_stride, rm, rn, M, N, K,
-              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """acc += A[rm, :K] @ B[:K, rn], A row-major with row stride a_stride, B[k, n] at
-    b_ptr + k * b_row_stride + n * b_col_stride."""
+def _rows_dot(acc, a_ptr, a_off, a_ok, b_ptr, b_off, b_ok, K,
+              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+              CACHE: tl.constexpr):  # fmt: skip
+    """acc[m, n] += sum_k a_ptr[a_off[m] + k] * b_ptr[b_off[n] + k]: two sets of rows, contiguous along K.
+    The A side (weights) is read through L1; the B side (state another program may have written) with CACHE."""
     rk = tl.arange(0, BK)
     for k0 in range(0, K, BK):
         kk = k0 + rk
-        a = tl.load(
-            a_ptr + rm[:, None] * a_stride + kk[None, :],
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
+        kin = kk < K
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=a_ok[:, None] & kin[None, :], other=0.0)
         b = tl.load(
-            b_ptr + kk[:, None] * b_row_stride + rn[None, :] * b_col_stride,
-            mask=(kk[:, None] < K) & (rn[None, :] < N),
-            other=0.0,
-        )
+            b_ptr + b_off[None, :] + kk[:, None], mask=kin[:, None] & b_ok[None, :], other=0.0,
+            cache_modifier=CACHE,
+        )  # fmt: skip
         if UPCAST:
             a = a.to(ACC)
             b = b.to(ACC)
@@ -63,117 +78,222 @@ def _tile_dot(acc, a_ptr, a_stride, b_ptr, b_row_stride, b_col_stride, rm, rn, M
 
 
 @triton.jit
-def _gate_dot(a_ptr, w_m_ptr, g, rm, rn, B, H,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """m_t W_m^T restricted to gate g's rows (g H .. g H + H) and units rn: a (BM, BN) tile in ACC."""
-    acc = tl.zeros((BM, BN), dtype=ACC)
-    return _tile_dot(acc, a_ptr, H, w_m_ptr + g * H * H, 1, H, rm, rn, B, H, H, BK, UPCAST, ACC, PREC)
+def _four(acc, BU: tl.constexpr, BB: tl.constexpr):
+    """(4 BU, BB) rows g * BU + u -> the four (BU, BB) gate tiles g = 0, 1, 2, 3."""
+    x = tl.permute(tl.reshape(acc, (2, 2, BU, BB)), (2, 3, 0, 1))  # (u, b, g // 2, g % 2)
+    even, odd = tl.split(x)  # g % 2 == 0 / 1
+    g0, g2 = tl.split(even)
+    g1, g3 = tl.split(odd)
+    return g0, g1, g2, g3
 
 
 @triton.jit
-def fwd_r(h_ptr, w_mh_ptr, pm_ptr, r_ptr, m_ptr, t, B, H,
-          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """r_t = h_t W_mh^T (hs row t holds h_{t-1}); m_t = pm_t * r_t. Buffers (T[+1], B, H) contiguous."""
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), dtype=ACC)
-    # B operand W_mh^T: element (k, n) = W_mh[n, k]
-    acc = _tile_dot(acc, h_ptr + t * B * H, H, w_mh_ptr, 1, H, rm, rn, B, H, H, BK, UPCAST, ACC, PREC)
-    off = t * B * H + rm[:, None] * H + rn[None, :]
-    mask = (rm[:, None] < B) & (rn[None, :] < H)
-    pm = tl.load(pm_ptr + off, mask=mask, other=0.0).to(ACC)
-    tl.store(r_ptr + off, acc.to(r_ptr.dtype.element_ty), mask=mask)
-    tl.store(m_ptr + off, (pm * acc).to(m_ptr.dtype.element_ty), mask=mask)
+def _tile(tile, B, H, BB: tl.constexpr, BU: tl.constexpr):
+    """A tile's batch rows (BB,) and units (BU,), with their masks; tiles sharing units are adjacent."""
+    nb = tl.cdiv(B, BB)
+    rb = (tile % nb) * BB + tl.arange(0, BB)
+    ru = (tile // nb) * BU + tl.arange(0, BU)
+    return rb, ru, rb < B, ru < H
 
 
 @triton.jit
-def fwd_gates(m_ptr, w_m_ptr, pg_ptr, gates_ptr, cs_ptr, tcs_ptr, hs_ptr, t, B, H, pg_stride,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """pre = pg_t + m_t W_m^T for the four gates of units rn; gates [si, sf, so, tu], c_t, tanh c_t, h_t.
+def _gate_rows(ru, H, BU: tl.constexpr):
+    """W_m's rows for the four gates of units ru: row j = g * BU + u of the tile is g * H + ru[u]."""
+    j = tl.arange(0, 4 * BU)
+    return (j // BU) * H + tl.reshape(tl.broadcast_to(ru[None, :], (4, BU)), (4 * BU,))
 
-    pg (T, B, *) rows of pg_stride with [i, f, o, u] pre-activations (W_x x_t + b) at columns 0..4H."""
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    a_ptr = m_ptr + t * B * H
-    # W_m^T of gate g: element (k, n) = W_m[g H + n, k]
-    zi = _gate_dot(a_ptr, w_m_ptr, 0, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
-    zf = _gate_dot(a_ptr, w_m_ptr, 1, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
-    zo = _gate_dot(a_ptr, w_m_ptr, 2, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
-    zu = _gate_dot(a_ptr, w_m_ptr, 3, rm, rn, B, H, BM, BN, BK, UPCAST, ACC, PREC)
-    mask = (rm[:, None] < B) & (rn[None, :] < H)
-    pg = pg_ptr + t * B * pg_stride + rm[:, None] * pg_stride + rn[None, :]
-    si = _sigmoid(zi + tl.load(pg, mask=mask, other=0.0).to(ACC))
-    sf = _sigmoid(zf + tl.load(pg + H, mask=mask, other=0.0).to(ACC))
-    so = _sigmoid(zo + tl.load(pg + 2 * H, mask=mask, other=0.0).to(ACC))
-    tu = _tanh(zu + tl.load(pg + 3 * H, mask=mask, other=0.0).to(ACC))
-    off = rm[:, None] * H + rn[None, :]  # within one step's (B, H)
-    c_prev = tl.load(cs_ptr + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    c = sf * c_prev + si * tu
+
+# ---- forward
+
+
+@triton.jit
+def _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """r_t = W_mh h_{t-1} (hs row t holds h_{t-1}) for a (units, batch) tile; m_t = pm_t * r_t."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    mask = uok[:, None] & bok[None, :]
+    off = rb[None, :] * H + ru[:, None]  # (BU, BB) within one step's (B, H)
+    if USE_DOT:
+        acc = tl.zeros((BU, BB), dtype=ACC)
+        acc = _rows_dot(acc, w_mh, ru * H, uok, hs + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
+    else:
+        acc = tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    p = tl.load(pm + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    tl.store(rs + t * B * H + off, acc.to(rs.dtype.element_ty), mask=mask)
+    tl.store(ms + t * B * H + off, (p * acc).to(ms.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod, B, H,
+                    BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                    UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                    CACHE: tl.constexpr):  # fmt: skip
+    """The four gates of a tile's units: pre = pg_t + W_m m_t; gates [si, sf, so, tu], c_t, tanh c_t, h_t.
+    pg (T, B, 4H): [i, f, o, u] pre-activations W_x x_t + b; gates (T, B, 4H) in the same order."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    rows = _gate_rows(ru, H, BU)  # (4 BU,) W_m rows = columns of the step's (B, 4H) pre-activations
+    rok = tl.reshape(tl.broadcast_to(uok[None, :], (4, BU)), (4 * BU,))
+    if USE_DOT:
+        acc = tl.zeros((4 * BU, BB), dtype=ACC)
+        acc = _rows_dot(acc, w_m, rows * H, rok, ms + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
+    else:  # cuBLAS wrote the step's z = m_t W_m^T (B, 4H)
+        acc = tl.load(prod + rb[None, :] * 4 * H + rows[:, None], mask=rok[:, None] & bok[None, :], other=0.0)
+        acc = acc.to(ACC)
+    zi, zf, zo, zu = _four(acc, BU, BB)
+    mask = uok[:, None] & bok[None, :]
+    g = rb[None, :] * (4 * H) + ru[:, None]  # (BU, BB): gate i of (b, u); + g H for the others
+    pgt = pg + t * B * 4 * H + g
+    si = _sigmoid(zi + tl.load(pgt, mask=mask, other=0.0).to(ACC))
+    sf = _sigmoid(zf + tl.load(pgt + H, mask=mask, other=0.0).to(ACC))
+    so = _sigmoid(zo + tl.load(pgt + 2 * H, mask=mask, other=0.0).to(ACC))
+    tu = _tanh(zu + tl.load(pgt + 3 * H, mask=mask, other=0.0).to(ACC))
+    off = rb[None, :] * H + ru[:, None]
+    c = sf * tl.load(cs + t * B * H + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC) + si * tu
     tc = _tanh(c)
-    g = gates_ptr + t * B * 4 * H + rm[:, None] * (4 * H) + rn[None, :]
-    ty = gates_ptr.dtype.element_ty
-    tl.store(g, si.to(ty), mask=mask)
-    tl.store(g + H, sf.to(ty), mask=mask)
-    tl.store(g + 2 * H, so.to(ty), mask=mask)
-    tl.store(g + 3 * H, tu.to(ty), mask=mask)
-    tl.store(cs_ptr + (t + 1) * B * H + off, c.to(cs_ptr.dtype.element_ty), mask=mask)
-    tl.store(tcs_ptr + t * B * H + off, tc.to(tcs_ptr.dtype.element_ty), mask=mask)
-    tl.store(hs_ptr + (t + 1) * B * H + off, (so * tc).to(hs_ptr.dtype.element_ty), mask=mask)
+    gt = gates + t * B * 4 * H + g
+    ty = gates.dtype.element_ty
+    tl.store(gt, si.to(ty), mask=mask)
+    tl.store(gt + H, sf.to(ty), mask=mask)
+    tl.store(gt + 2 * H, so.to(ty), mask=mask)
+    tl.store(gt + 3 * H, tu.to(ty), mask=mask)
+    tl.store(cs + (t + 1) * B * H + off, c.to(cs.dtype.element_ty), mask=mask)
+    tl.store(tcs + t * B * H + off, tc.to(tcs.dtype.element_ty), mask=mask)
+    tl.store(hs + (t + 1) * B * H + off, (so * tc).to(hs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def bwd_m(dp_ptr, w_m_ptr, rs_ptr, pm_ptr, dr_ptr, t, B, H,
-          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """dm = dG_t W_m (K = 4H); d(pm_t) = dm * r_t into dP[..., :H], d(r_t) = dm * pm_t.
+def _grid_sync(bar, epoch, nprog, MAX_SPIN: tl.constexpr):
+    """Wait until every program has arrived here for the epoch-th time; returns epoch + 1. bar: int32
+    [arrivals, failed]. A wait past MAX_SPIN polls (or one a failed program already gave up) sets failed."""
+    tl.debug_barrier()  # this program's stores are issued before its arrival is published
+    tl.atomic_add(bar, 1, sem="release", scope="gpu")
+    target = (epoch + 1) * nprog
+    seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
+    failed = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (seen < target) & (failed == 0) & (spins < MAX_SPIN):
+        seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
+        failed = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if (seen < target) & (failed == 0):
+        tl.atomic_xchg(bar + 1, 1, sem="release", scope="gpu")
+    tl.debug_barrier()
+    return epoch + 1
 
-    dP (T, B, 5H): [d(pm) | dG] per row, the layout of w_in's rows, so one product gives d(w_in)."""
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    row = dp_ptr + t * B * 5 * H
-    acc = tl.zeros((BM, BN), dtype=ACC)
-    # A = dG_t (B, 4H) with row stride 5H; B operand W_m (4H, H): element (k, n) = W_m[k, n]
-    acc = _tile_dot(acc, row + H, 5 * H, w_m_ptr, H, 1, rm, rn, B, H, 4 * H, BK, UPCAST, ACC, PREC)
-    mask = (rm[:, None] < B) & (rn[None, :] < H)
-    off = t * B * H + rm[:, None] * H + rn[None, :]
-    r = tl.load(rs_ptr + off, mask=mask, other=0.0).to(ACC)
-    pm = tl.load(pm_ptr + off, mask=mask, other=0.0).to(ACC)
-    tl.store(row + rm[:, None] * (5 * H) + rn[None, :], (acc * r).to(dp_ptr.dtype.element_ty), mask=mask)
-    tl.store(dr_ptr + off, (acc * pm).to(dr_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit(do_not_specialize=["t0", "t1"])
+def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar, t0, t1, B, H,
+              PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
+              BB_R: tl.constexpr, BU_R: tl.constexpr, BB_G: tl.constexpr, BU_G: tl.constexpr,
+              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+              CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
+    """Steps t0 .. t1-1 of the forward. Buffers: hs (T+1, B, H) h_0..h_T; cs (T+1, B, H) c_0..c_T; pm
+    (T, B, H) W_mx x_t; pg (T, B, 4H) W_x x_t + b; out rs, ms (T, B, H), gates (T, B, 4H), tcs (T, B, H)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_r = tl.cdiv(B, BB_R) * tl.cdiv(H, BU_R)
+    n_g = tl.cdiv(B, BB_G) * tl.cdiv(H, BU_G)
+    epoch = 0
+    for t in range(t0, t1):
+        if PHASE != 2:
+            for tile in range(pid, n_r, nprog):
+                _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod_r, B, H, BB_R, BU_R, BK, USE_DOT,
+                            UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        if SYNC:
+            epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+        if PHASE != 1:
+            for tile in range(pid, n_g, nprog):
+                _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod_g, B, H, BB_G, BU_G, BK,
+                                USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        if SYNC:
+            epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+
+
+# ---- backward
 
 
 @triton.jit
-def bwd_h(dr_ptr, w_mh_ptr, dy_ptr, gates_ptr, cs_ptr, tcs_ptr, dc_ptr, dp_ptr, t, B, H,
-          WITH_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """dh_t = dy_t + d(r_{t+1}) W_mh (no product at t = T-1), then step t's gate derivatives:
-    dc += dh so (1 - tc^2); dG_t = [dc tu si', dc c_{t-1} sf', dh tc so', dc si tu'] into dP[..., H:];
-    the carry dc * sf_t is left in dc (B, H) for step t-1."""
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask = (rm[:, None] < B) & (rn[None, :] < H)
-    off = rm[:, None] * H + rn[None, :]  # within one step's (B, H)
-    dh = tl.load(dy_ptr + t * B * H + off, mask=mask, other=0.0).to(ACC)
+def _bwd_h_tile(tile, t, WITH_DOT, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """dh_t = dy_t + W_mh^T d(r_{t+1}) (no product at t = T-1), then step t's gate derivatives:
+    dc += dh so (1 - tc^2); dG_t = [dc tu si', dc c_{t-1} sf', dh tc so', dc si tu'] into dP[..., H:]; the
+    carry dc * sf_t is left in dc (B, H) for step t-1. w_mh_t: W_mh^T, contiguous (its rows are W_mh's
+    columns)."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    mask = uok[:, None] & bok[None, :]
+    off = rb[None, :] * H + ru[:, None]  # (BU, BB)
+    dh = tl.load(dy + t * B * H + off, mask=mask, other=0.0).to(ACC)
     if WITH_DOT:
-        # B operand W_mh: element (k, n) = W_mh[k, n]
-        dh = _tile_dot(
-            dh, dr_ptr + (t + 1) * B * H, H, w_mh_ptr, H, 1, rm, rn, B, H, H, BK, UPCAST, ACC, PREC
-        )
-    g = gates_ptr + t * B * 4 * H + rm[:, None] * (4 * H) + rn[None, :]
+        if USE_DOT:
+            dh = _rows_dot(dh, w_mh_t, ru * H, uok, dr + (t + 1) * B * H, rb * H, bok, H, BK,
+                           UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        else:  # cuBLAS wrote d(r_{t+1}) W_mh (B, H)
+            dh += tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    g = gates + t * B * 4 * H + rb[None, :] * (4 * H) + ru[:, None]
     si = tl.load(g, mask=mask, other=0.0).to(ACC)
     sf = tl.load(g + H, mask=mask, other=0.0).to(ACC)
     so = tl.load(g + 2 * H, mask=mask, other=0.0).to(ACC)
     tu = tl.load(g + 3 * H, mask=mask, other=0.0).to(ACC)
-    c_prev = tl.load(cs_ptr + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    tc = tl.load(tcs_ptr + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    dc = tl.load(dc_ptr + off, mask=mask, other=0.0).to(ACC) + dh * so * (1.0 - tc * tc)
-    d = dp_ptr + t * B * 5 * H + rm[:, None] * (5 * H) + H + rn[None, :]
-    ty = dp_ptr.dtype.element_ty
-    tl.store(d, (dc * tu * si * (1.0 - si)).to(ty), mask=mask)
-    tl.store(d + H, (dc * c_prev * sf * (1.0 - sf)).to(ty), mask=mask)
+    c_prev = tl.load(cs + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    tc = tl.load(tcs + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    dcv = tl.load(dc + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC) + dh * so * (1.0 - tc * tc)
+    d = dp + t * B * 5 * H + rb[None, :] * (5 * H) + H + ru[:, None]
+    ty = dp.dtype.element_ty
+    tl.store(d, (dcv * tu * si * (1.0 - si)).to(ty), mask=mask)
+    tl.store(d + H, (dcv * c_prev * sf * (1.0 - sf)).to(ty), mask=mask)
     tl.store(d + 2 * H, (dh * tc * so * (1.0 - so)).to(ty), mask=mask)
-    tl.store(d + 3 * H, (dc * si * (1.0 - tu * tu)).to(ty), mask=mask)
-    tl.store(dc_ptr + off, (dc * sf).to(dc_ptr.dtype.element_ty), mask=mask)
+    tl.store(d + 3 * H, (dcv * si * (1.0 - tu * tu)).to(ty), mask=mask)
+    tl.store(dc + off, (dcv * sf).to(dc.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """dm = W_m^T dG_t (K = 4H); d(pm_t) = dm * r_t into dP[..., :H], d(r_t) = dm * pm_t. w_m_t: W_m^T
+    (H, 4H), contiguous. dP (T, B, 5H): [d(pm) | dG] per row, w_in's row order (one product gives d(w_in))."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    mask = uok[:, None] & bok[None, :]
+    off = rb[None, :] * H + ru[:, None]
+    row = dp + t * B * 5 * H
+    if USE_DOT:
+        acc = tl.zeros((BU, BB), dtype=ACC)
+        acc = _rows_dot(acc, w_m_t, ru * 4 * H, uok, row + H, rb * 5 * H, bok, 4 * H, BK,
+                        UPCAST, ACC, PREC, CACHE)  # fmt: skip
+    else:  # cuBLAS wrote dG_t W_m (B, H)
+        acc = tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    r = tl.load(rs + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    p = tl.load(pm + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    tl.store(row + rb[None, :] * (5 * H) + ru[:, None], (acc * r).to(dp.dtype.element_ty), mask=mask)
+    tl.store(dr + t * B * H + off, (acc * p).to(dr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["t0", "t1", "T"])
+def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, bar, t0, t1, T, B, H,
+              PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
+              BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,
+              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+              CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
+    """Steps t1-1 down to t0 of the backward (T: the sequence length; step T-1 has no d(r_{t+1})).
+    dc (B, H) must be zero before step T-1. Out: dp (T, B, 5H), dr (T, B, H)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_h = tl.cdiv(B, BB_H) * tl.cdiv(H, BU_H)
+    n_m = tl.cdiv(B, BB_M) * tl.cdiv(H, BU_M)
+    epoch = 0
+    for i in range(t0, t1):
+        t = t1 - 1 - (i - t0)
+        if PHASE != 2:
+            for tile in range(pid, n_h, nprog):
+                _bwd_h_tile(tile, t, t < T - 1, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod_h, B, H,
+                            BB_H, BU_H, BK, USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        if SYNC:
+            epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+        if PHASE != 1:
+            for tile in range(pid, n_m, nprog):
+                _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod_m, B, H, BB_M, BU_M, BK, USE_DOT,
+                            UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        if SYNC:
+            epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)

@@ -80,7 +80,7 @@ class Engine:
             lr_fn = lr_lambda or (lambda _: 1.0)
             offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device")
             ds_config, why = choose_adam(
-                ds_config, get_accelerator().device_name(), offload in ("cpu", "nvme")
+                ds_config, get_accelerator().device_name(), offload in ("cpu", "nvme"), agree=_all_ranks
             )
             if dist.get_rank() == 0:
                 logging.getLogger(__name__).info(why)
@@ -163,3 +163,10 @@ class Engine:
         sched = self.ds.lr_scheduler
         for group, peak in zip(sched.optimizer.param_groups, sched.base_lrs, strict=True):
             group["lr"] = peak * multiplier
+
+
+def _all_ranks(ok: bool) -> bool:
+    """Whether `ok` holds on every rank (an optimizer choice all ranks must share)."""
+    flag = torch.tensor([int(ok)], device=get_accelerator().current_device_name())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

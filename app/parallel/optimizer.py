@@ -1,58 +1,94 @@
 """Which Adam DeepSpeed builds from the JSON's `optimizer` section on a GPU, chosen and said once.
 
-DeepSpeed turns "Adam"/"AdamW" into its FusedAdam, a CUDA op that it JIT-compiles with nvcc at start-up
-unless the wheel was built with it (DS_BUILD_FUSED_ADAM=1). On a machine with CUDA torch but no nvcc
-(a plain `pip install` of torch's CUDA wheels ships none) that build fails at start-up. So on CUDA:
-FusedAdam where it is prebuilt or nvcc is there to build it, else torch's AdamW (DeepSpeed's own
-`torch_adam: true` switch; same update rule and hyperparameters). A `torch_adam` the JSON states is left
-alone, as is every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs (DeepSpeed's CPU
-FusedAdam builds with the C++ compiler the fused core already needs).
+DeepSpeed turns "Adam"/"AdamW" into its FusedAdam, a CUDA op it JIT-compiles with nvcc at start-up unless the
+wheel was built with it (DS_BUILD_FUSED_ADAM=1). A start-up compile costs tens of seconds, fails on machines
+without nvcc, and fails on common images with nvcc: DeepSpeed cannot parse an arch list with a suffix
+(`TORCH_CUDA_ARCH_LIST=9.0a`, `10.0a`, `+PTX`). An optimizer must never need a compiler to start. So on CUDA:
+
+- by default, DeepSpeed's FusedAdam where the deepspeed install has it prebuilt, else torch's fused AdamW
+  (DeepSpeed's own `torch_adam: true` switch, with `fused: true`: one multi-tensor kernel, no build; the
+  same update rule and hyperparameters);
+- `torch_adam: false` in the JSON asks for DeepSpeed's FusedAdam: it is built here, before DeepSpeed sees the
+  config, and a failed build falls back to torch's fused AdamW with one line saying why (all ranks agree);
+- `torch_adam: true` is kept; `fused: true` is added unless the JSON sets `fused` or `foreach`.
+
+Every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs (DeepSpeed's CPU FusedAdam, built with
+the C++ compiler the fused core already needs) are left alone.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
-import shutil
-
-log = logging.getLogger(__name__)
+from collections.abc import Callable
 
 
-def _fused_adam_available() -> tuple[bool, str]:
+def _prebuilt() -> bool:
     try:
         from deepspeed.git_version_info import installed_ops
-
-        if installed_ops.get("fused_adam"):
-            return True, "prebuilt in the deepspeed install"
     except ImportError:
-        pass
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
-    if nvcc and os.path.exists(nvcc):
-        return True, f"JIT-built once with {nvcc}, cached under TORCH_EXTENSIONS_DIR"
-    return False, "FusedAdam needs nvcc to build and none was found (no CUDA_HOME, no nvcc on PATH)"
+        return False
+    return bool(installed_ops.get("fused_adam"))
 
 
-def choose_adam(ds_config: dict, device_type: str, offload: bool) -> tuple[dict, str]:
-    """(the DeepSpeed config to build with, one line saying which Adam runs and why)."""
+def build_fused_adam() -> str | None:
+    """Build (or load the cached build of) DeepSpeed's CUDA FusedAdam; None when it loads, else why not."""
+    try:
+        from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+        FusedAdamBuilder().load(verbose=False)
+    except Exception as e:  # any build failure: no nvcc, an arch list it cannot parse, a compiler error
+        lines = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {lines[-1][:200] if lines else ''}".rstrip(": ")
+    return None
+
+
+def _torch_fused(ds_config: dict) -> dict:
+    out = copy.deepcopy(ds_config)
+    params = out["optimizer"].setdefault("params", {})
+    params["torch_adam"] = True
+    if "fused" not in params and "foreach" not in params:
+        params["fused"] = True
+    return out
+
+
+def choose_adam(
+    ds_config: dict,
+    device_type: str,
+    offload: bool,
+    agree: Callable[[bool], bool] = lambda ok: ok,
+    build: Callable[[], str | None] = build_fused_adam,
+) -> tuple[dict, str]:
+    """(the DeepSpeed config to build with, one line saying which Adam runs and why). `agree(ok)`: whether
+    every rank's build succeeded (a collective under the launcher); `build`: builds FusedAdam or says why not."""
     opt = ds_config.get("optimizer") or {}
     kind = str(opt.get("type", "")).lower()
     if kind not in ("adam", "adamw"):
         return ds_config, f"optimizer: {opt.get('type')} (DeepSpeed's)"
     params = opt.get("params", {})
-    if "torch_adam" in params:
-        which = "torch.optim" if params["torch_adam"] else "DeepSpeed FusedAdam"
-        return ds_config, f"optimizer: {which} {opt['type']} (torch_adam set in the DeepSpeed config)"
+    adamw = kind == "adamw" or params.get("adam_w_mode", True)  # DeepSpeed's rule
+    torch_name = f"torch.optim.{'AdamW' if adamw else 'Adam'}"
     if offload:
         return ds_config, "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
     if device_type != "cuda":
         return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}, its CPU build)"
-    ok, why = _fused_adam_available()
-    if ok:
-        return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}; {why})"
-    out = copy.deepcopy(ds_config)
-    out["optimizer"]["params"]["torch_adam"] = True
-    adamw = kind == "adamw" or params.get("adam_w_mode", True)  # DeepSpeed's rule
-    return out, f"optimizer: torch.optim.{'AdamW' if adamw else 'Adam'} (foreach): {why}"
+    if params.get("torch_adam") is True:
+        out = _torch_fused(ds_config)
+        how = "fused" if out["optimizer"]["params"].get("fused") else "as the JSON sets it"
+        return out, f"optimizer: {torch_name} ({how}; torch_adam set in the DeepSpeed config)"
+    if params.get("torch_adam") is False:  # the JSON asks for DeepSpeed's FusedAdam: build it now
+        why = build()
+        if agree(why is None):
+            return (
+                ds_config,
+                f"optimizer: DeepSpeed FusedAdam ({opt['type']}; torch_adam false in the DeepSpeed config)",
+            )
+        why = why or "another rank's build failed"
+        return _torch_fused(
+            ds_config
+        ), f"optimizer: {torch_name} (fused): DeepSpeed's FusedAdam did not build ({why})"
+    if _prebuilt():
+        return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}; prebuilt in the deepspeed install)"
+    return _torch_fused(ds_config), (
+        f"optimizer: {torch_name} (fused; no compile at start: DeepSpeed's FusedAdam is not prebuilt here, "
+        "set torch_adam false in the DeepSpeed config to build it)"
+    )

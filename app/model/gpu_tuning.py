@@ -1,0 +1,342 @@
+"""Which loop runs the mLSTM core on a GPU, per shape, chosen by measurement (as `cudnn.benchmark` does).
+
+On first use of a (device, B, H, dtype) the candidates of app/model/gpu_loops.py (step, cublas, persistent)
+are each timed on T_TUNE steps, forward and backward apart, and the fastest of each direction kept for the
+process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
+the reference where it wins, so the GPU path is never slower than it). The choice is logged once, with the
+times. A candidate that fails (a cooperative grid too large for the device, a kernel this Triton cannot
+build) is left out with its reason. Winners are also written to a small JSON cache
+(`$MLSTM_CACHE_DIR/gpu_loops.json`, default ~/.cache/mlstm-ds; keyed by device, torch, triton, this code's
+hash and the shape), so a later run starts without timing (Triton keeps the compiled kernels itself).
+
+`MLSTM_GPU_LOOP=step|cublas|persistent|python` forces one (no timing). In Triton's interpreter (the CPU
+tests) nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from app.model import gpu_loops
+from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, StepLoop, Tiles
+
+log = logging.getLogger(__name__)
+LOOPS = ("step", "cublas", "persistent")
+T_TUNE = 64  # steps per timed run: per-step costs dominate; the fixed ones (a launch, a replay) count too
+REPS, WARMUP = 5, 3  # timed runs (median) after warm-up runs: compile, graph capture, first replay
+# relative difference allowed between two loops' outputs over T_TUNE steps, by operand dtype (bf16 products
+# rounded differently, fp32 with or without tf32)
+SELF_CHECK = {torch.bfloat16: 5e-2, torch.float16: 2e-2, torch.float32: 2e-2, torch.float64: 1e-9}
+_choices: dict = {}
+_logged: set = set()
+_override: list[str] = []  # forcing(): the loop to run, untimed (benchmarks, tests)
+
+
+@dataclass
+class Choice:
+    fwd: Loop
+    bwd: Loop | None  # None: only the forward was needed (inference) so far
+    python: bool | None = None  # whether the reference core wins; None: not compared yet
+    times: dict = field(default_factory=dict)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool) -> Tiles:
+    """Tiles that give every SM work: units per tile shrink first (down to 16, and 4 x 16 gate rows: the
+    M of a warpgroup MMA); then, where the weights stay in L2, batch rows (re-reading a weight tile from
+    L2 is cheap; from HBM it is not, so large layers keep the whole batch in one tile)."""
+    if gpu_loops.interpreting():
+        return Tiles(bb_r=16, bu_r=16, bb_g=16, bu_g=4, bk=16)
+    bk = 32 if dtype in (torch.float32, torch.float64) else 64
+    bb = min(64 if weights_in_l2 else 128, max(16, _next_pow2(B)))
+
+    def fit(bu: int, bb: int, bu_min: int) -> tuple[int, int]:
+        # halve a side while twice the tiles still fit in one wave over the SMs
+        while 2 * -(-B // bb) * -(-H // bu) <= sms and bu > bu_min:
+            bu //= 2
+        while weights_in_l2 and 2 * -(-B // bb) * -(-H // bu) <= sms and bb > 16:
+            bb //= 2
+        return bu, bb
+
+    bu_r, bb_r = fit(64, bb, 16)
+    bu_g, bb_g = fit(16, bb, 16)
+    if 2 * -(-B // bb_g) * -(-H // bu_g) <= sms:  # still few tiles: give up the warpgroup MMA's M = 64
+        bu_g, bb_g = fit(bu_g, bb_g, 4)
+    return Tiles(bb_r, bu_r, bb_g, bu_g, bk, warps=8 if max(bb_r, bb_g) >= 128 else 4)
+
+
+def candidates(B: int, H: int, dtype: torch.dtype, device: torch.device) -> list[Loop]:
+    if gpu_loops.interpreting():
+        sms, in_l2 = 3, True
+    else:
+        props = torch.cuda.get_device_properties(device)
+        sms = props.multi_processor_count
+        in_l2 = 5 * H * H * torch.finfo(dtype).bits // 8 <= getattr(props, "L2_cache_size", 0) // 2
+    tiles = tiles_for(B, H, dtype, sms, in_l2)
+    programs = min(sms, max(tiles.n_r(B, H), tiles.n_g(B, H)))
+    return [CublasLoop(tiles), StepLoop(tiles), PersistentLoop(tiles, programs)]  # cuBLAS first: the check
+
+
+def _time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
+    """Median of `reps` runs timed with CUDA events, after `warmup` (compile, graph capture, first replay).
+    Off CUDA (Triton's interpreter, the CPU tests of this module) a wall clock stands in."""
+    reps, warmup = reps or REPS, WARMUP if warmup is None else warmup
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available() and not gpu_loops.interpreting()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if not cuda:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _why(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
+
+
+def _tuning_buffers(B: int, H: int, dtype: torch.dtype, device) -> dict:
+    """Forward inputs of T_TUNE steps, drawn at the scale training sees (weights ~ H^-1/2)."""
+    sdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    g = torch.Generator(device=device).manual_seed(0)
+    T = T_TUNE
+
+    def rnd(*shape, scale=1.0, dt=sdt):
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(dt)
+
+    hs, cs = (
+        torch.zeros(T + 1, B, H, dtype=dtype, device=device),
+        torch.zeros(T + 1, B, H, dtype=sdt, device=device),
+    )
+    fwd = dict(w_mh=rnd(H, H, scale=H**-0.5, dt=dtype), w_m=rnd(4 * H, H, scale=H**-0.5, dt=dtype),
+               pm=rnd(T, B, H), pg=rnd(T, B, 4 * H), hs=hs, cs=cs, rs=torch.empty_like(cs[1:]),
+               ms=torch.empty_like(hs[1:]), gates=rnd(T, B, 4 * H), tcs=torch.empty_like(cs[1:]))  # fmt: skip
+    return fwd
+
+
+def _backward_buffers(f: dict, B: int, H: int) -> dict:
+    T, sdt, cdt = T_TUNE, f["cs"].dtype, f["w_mh"].dtype
+    kw = dict(device=f["cs"].device)
+    return dict(w_mh_t=f["w_mh"].t().contiguous(), w_m_t=f["w_m"].t().contiguous(), dy=torch.randn_like(f["rs"]),
+                gates=f["gates"], cs=f["cs"], tcs=f["tcs"], rs=f["rs"], pm=f["pm"],
+                dp=torch.empty(T, B, 5 * H, dtype=cdt, **kw), dr=torch.empty(T, B, H, dtype=cdt, **kw),
+                dc=torch.zeros(B, H, dtype=sdt, **kw))  # fmt: skip
+
+
+def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: dict) -> Loop:
+    """The fastest of `loops` in one direction. A candidate that fails, or whose outputs disagree with the
+    first that ran (the cuBLAS loop: its products owe nothing to Triton's tiles, pipelining or barriers), is
+    left out with the reason: a kernel racing on some GPU is caught here, before it trains anything."""
+    best, best_ms, ref = None, float("inf"), None
+    for loop in loops:
+        name = f"{'fwd' if fwd else 'bwd'}/{loop.name}"
+        try:
+            ms = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))
+            if isinstance(loop, PersistentLoop):
+                loop.check()
+            out = torch.cat([bufs[n].float().flatten() for n in (("hs", "cs") if fwd else ("dp", "dr"))])
+            ref = out if ref is None else ref
+            err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            if not err < SELF_CHECK[bufs["w_mh" if fwd else "w_mh_t"].dtype]:
+                raise ArithmeticError(
+                    f"outputs differ from the {loops[0].name} loop's by {err:.1e} (relative)"
+                )
+        except Exception as e:  # a candidate this device or Triton cannot run: left out, with why
+            times[name] = _why(e)
+            continue
+        times[name] = round(ms, 3)
+        if ms < best_ms:
+            best, best_ms = loop, ms
+    if best is None:
+        raise RuntimeError(f"no GPU loop of the mLSTM core runs here: {times}")
+    return best
+
+
+def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
+    loops = candidates(B, H, dtype, device)
+    times: dict = {}
+    f = _tuning_buffers(B, H, dtype, device)
+    fwd = _fastest(loops, True, f, B, H, times)
+    bwd = None
+    if backward:
+        gpu_loops.run(fwd, True, f, B, T_TUNE, H)  # real forward outputs for the backward to read
+        bwd = _fastest(loops, False, _backward_buffers(f, B, H), B, H, times)
+    gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
+    return Choice(fwd, bwd, times=times)
+
+
+@contextlib.contextmanager
+def forcing(loop: str) -> Iterator[None]:
+    """Within: every Triton core call runs `loop` (one of LOOPS), untimed; its backward too."""
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+    _override.append(loop)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
+    default = "persistent" if gpu_loops.interpreting() else ""
+    want = _override[-1] if _override else os.environ.get("MLSTM_GPU_LOOP", default)
+    if not want:
+        return None
+    if want not in (*LOOPS, "python"):
+        raise ValueError(f"MLSTM_GPU_LOOP must be one of {(*LOOPS, 'python')}, got {want!r}")
+    loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
+    loop = loops["step" if want == "python" else want]
+    return Choice(loop, loop, python=want == "python", times={"forced": want})  # no timing: both directions
+
+
+def _key(x: torch.Tensor, w: torch.Tensor) -> tuple:
+    return (x.device, x.shape[0], w.shape[0], w.dtype)
+
+
+def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice:
+    """The loops for x (B, T, D) and a recurrent weight w (H, H) in the compute dtype: timed on first use."""
+    key = (*_key(x, w), _override[-1] if _override else None)
+    choice = _choices.get(key)
+    if choice is not None and (choice.bwd is not None or not backward):
+        return choice
+    B, H = x.shape[0], w.shape[0]
+    choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward)
+    if choice is None:
+        choice = _tune(B, H, w.dtype, x.device, backward)
+        _store(B, H, w.dtype, x.device, choice)
+    _choices[key] = choice
+    return choice
+
+
+def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_fn, python_fn) -> bool:
+    """Whether the Python reference core beats the Triton core (its tuned loops) at this shape: both whole
+    ops timed on T_TUNE steps (forward and backward, or forward alone), once per shape. Logs the choice."""
+    if _override:
+        return False
+    choice = loops_for(x, w, backward)
+    if choice.python is None:
+        B, D, H = x.shape[0], x.shape[2], w.shape[0]
+        ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
+              (("triton", triton_fn), ("python", python_fn))}  # fmt: skip
+        gpu_loops.clear_graphs()
+        choice.python = ms["python"] < ms["triton"]
+        choice.times.update({f"op/{k}": round(v, 3) for k, v in ms.items()})
+        _store(B, H, w.dtype, x.device, choice)
+    if _key(x, w) not in _logged:
+        _logged.add(_key(x, w))
+        _log(x, w, choice)
+    return choice.python
+
+
+def _time_op(fn, B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool) -> float:
+    g = torch.Generator(device=device).manual_seed(1)
+    sdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    shapes = [((B, T_TUNE, D), 1.0, dtype), ((5 * H, D), D**-0.5, dtype), ((4 * H,), 0.1, sdt),
+              ((H, H), H**-0.5, dtype), ((4 * H, H), H**-0.5, dtype)]  # fmt: skip
+    leaves = [
+        (torch.randn(s, generator=g, device=device) * a).to(dt).requires_grad_(backward)
+        for s, a, dt in shapes
+    ]
+    dy = torch.randn(B, T_TUNE, H, generator=g, device=device).to(dtype)
+
+    def step() -> None:
+        with torch.enable_grad():
+            y = fn.apply(*leaves)
+            if backward:
+                y.backward(dy)
+
+    return _time_ms(step, reps=max(1, REPS - 2), warmup=min(2, WARMUP))
+
+
+def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
+    what = "python (the reference core)" if choice.python else f"triton {choice.fwd.name} forward"
+    if not choice.python and choice.bwd is not None:
+        what += f", {choice.bwd.name} backward"
+    dt = str(w.dtype).removeprefix("torch.")
+    log.info("mLSTM core on %s %s B%d H%d: %s (ms at T=%d: %s)", x.device, dt, x.shape[0], w.shape[0], what,
+             T_TUNE, choice.times)  # fmt: skip
+
+
+# ---- the on-disk cache of winners
+
+
+def _cache_path() -> Path:
+    base = os.environ.get("MLSTM_CACHE_DIR") or Path.home() / ".cache" / "mlstm-ds"
+    return Path(base) / "gpu_loops.json"
+
+
+def _disk_key(B: int, H: int, dtype: torch.dtype, device) -> str:
+    import triton
+
+    src = b"".join(Path(f).read_bytes() for f in (gpu_loops.__file__, _k_module().__file__, __file__))
+    code = hashlib.sha256(src).hexdigest()[:16]
+    name = torch.cuda.get_device_name(device)
+    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|{code}|B{B} H{H} {dtype}"
+
+
+def _k_module():
+    from app.model import triton_kernels
+
+    return triton_kernels
+
+
+def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
+    if gpu_loops.interpreting():
+        return None
+    try:
+        entry = json.loads(_cache_path().read_text()).get(_disk_key(B, H, dtype, device))
+        loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
+        bwd = loops[entry["bwd"]] if entry["bwd"] is not None else None
+        choice = Choice(loops[entry["fwd"]], bwd, entry["python"], {"cached": True})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no cache, or nothing for this shape: time it
+    if backward and bwd is None:
+        return None
+    return choice
+
+
+def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
+    if gpu_loops.interpreting() or "forced" in choice.times:
+        return
+    path = _cache_path()
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    bwd = choice.bwd.name if choice.bwd is not None else None
+    data[_disk_key(B, H, dtype, device)] = {"fwd": choice.fwd.name, "bwd": bwd, "python": choice.python}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: the choice holds for this process only
+        log.warning("could not write the GPU loop cache %s: %s", path, e)

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# One command for a GPU machine, from a bare one (torch, triton and nvcc there; no network):
+#   bench/gpu_session.sh OUTDIR            run it all, in about 8-9 minutes on one H100
+#   bench/gpu_session.sh OUTDIR --dry-run  print the plan (commands, time limits), check the wheels, run nothing
+# Steps, each with its own time limit, in this order (a step that would start past SESSION_BUDGET_S is skipped
+# and said so; later steps never wait on an earlier one's failure):
+#   install   the wheels in $WHEELS (default .whl/: deepspeed, datasets, pydantic, ... see bench/README.md, GPU)
+#             into the current python, and the project itself (editable, no dependencies)
+#   (background, niced) data prep for the train benchmark and the quickstart; DeepSpeed's FusedAdam build
+#   layer     bench/mlstm_layer.py --device cuda: the Triton core's loops, the reference core, cuDNN's LSTM
+#   train     bench/train_gpu.py: small, medium, large_b128, large_b256 through the real entry point
+#   quickstart launch/quickstart.sh on the GPU with a 1-minute budget (train, evaluate, export, generate), then
+#             rerun with a longer budget: it resumes, and evaluates, exports and generates again
+#   tests     pytest -m gpu, and two CPU-rank test files (they must not take the GPU)
+#   optimizer bench/gpu_optimizer.py: torch's fused AdamW against DeepSpeed's FusedAdam
+# OUTDIR gets at most 8 files: summary.md, logs.tar.gz, and each benchmark's JSON line (*.json).
+# Environment: WHEELS, SESSION_BUDGET_S (default 530), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
+# tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${1:?usage: bench/gpu_session.sh OUTDIR [--dry-run]}"
+DRY=0
+[ "${2:-}" = --dry-run ] && DRY=1
+WHEELS="${WHEELS:-$ROOT/.whl}"
+WORK="${WORK:-/tmp/mlstm-gpu-session}"
+BUDGET="${SESSION_BUDGET_S:-530}"
+LOGS="$WORK/logs"
+START=$(date +%s)
+mkdir -p "$OUT" "$LOGS"
+SUMMARY="$OUT/summary.md"
+cd "$ROOT"
+# `python` is the interpreter that holds torch (images often name only python3), its scripts' folder on PATH
+PY="$(command -v python3 || command -v python)"
+mkdir -p "$WORK/bin"
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" >"$WORK/bin/python"
+chmod +x "$WORK/bin/python"
+export PATH="$WORK/bin:$(dirname "$PY"):$PATH"
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false BENCH_RESULTS_DIR="$WORK/results"
+export MLSTM_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" TORCH_EXTENSIONS_DIR="$WORK/torch_ext"
+
+elapsed() { echo $(($(date +%s) - START)); }
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME LIMIT_S MIN_LEFT_S CMD...: run CMD under a time limit, its output in $LOGS/NAME.log, a summary row
+step() {
+  local name=$1 limit=$2 need=$3
+  shift 3
+  if [ "$DRY" = 1 ]; then
+    say "| $name | limit ${limit}s | \`$*\` |"
+    return 0
+  fi
+  if [ $(($(elapsed) + need)) -gt "$BUDGET" ]; then
+    say "| $name | skipped | $(elapsed)s into the session: under ${need}s left of SESSION_BUDGET_S=$BUDGET |"
+    return 0
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  local verdict=ok
+  [ "$rc" = 0 ] || verdict="rc $rc$([ "$rc" = 124 ] && echo ", stopped at its ${limit}s limit")"
+  say "| $name | $verdict | $(($(date +%s) - t0))s | $(tail -n 1 "$LOGS/$name.log" | cut -c1-160 | tr '|' '/') |"
+}
+
+last_json() { grep -E '^\{' "$LOGS/$1.log" 2>/dev/null | tail -n 1 >"$OUT/$1.json" || true; }
+
+: >"$SUMMARY"
+say "# GPU session $(date -u +%FT%TZ)"
+say ""
+say "commit ${MLSTM_GIT_COMMIT:-unknown}; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+say "$(python -c 'import sys, torch, triton; print("python", sys.version.split()[0], "| torch", torch.__version__, "| triton", triton.__version__)' 2>&1 | tail -n 1)"
+say ""
+say "| step | result | seconds | last line |"
+say "|---|---|---|---|"
+
+if [ "$DRY" = 1 ]; then
+  n=$(ls "$WHEELS"/*.whl 2>/dev/null | wc -l)
+  [ "$n" -gt 0 ] || { echo "error: no wheels in $WHEELS (bench/README.md, GPU, says which)" >&2; exit 2; }
+  say "| wheels | $n in $WHEELS | $(du -sh "$WHEELS" | cut -f1) | $(ls "$WHEELS" | sed 's/-[0-9].*//' | tr '\n' ' ') |"
+fi
+
+step install 120 60 bash -c "python -m pip install -q --no-index --no-deps --no-compile --upgrade '$WHEELS'/*.whl &&
+  python -m pip install -q --no-index --no-deps --no-build-isolation -e '$ROOT'"
+
+# CPU work in the background, niced, while the GPU steps run: data for the benchmarks, the FusedAdam build
+if [ "$DRY" = 0 ]; then
+  (nice -n 19 python -m data_prep --out "$WORK/data_spm" --max-seq-len 256 --quiet >"$LOGS/prep_spm.log" 2>&1
+   nice -n 19 python -m data_prep --out "$WORK/data_byte" --max-seq-len 256 --tokenizer byte --quiet >"$LOGS/prep_byte.log" 2>&1
+   nice -n 19 python -m data_prep --out "$WORK/data_qs" --max-seq-len 128 >"$LOGS/prep_qs.log" 2>&1) &
+  PREP=$!
+  (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=6 nice -n 19 python -c 'from app.parallel.optimizer import build_fused_adam as b; print(b() or "built")' \
+    >"$LOGS/fused_adam_build.log" 2>&1) &
+else
+  say "| (background) | data prep x3, FusedAdam build (TORCH_CUDA_ARCH_LIST=9.0) | niced | |"
+fi
+
+step layer 170 120 python bench/mlstm_layer.py --device cuda --budget-s 20 --reps-small 5 --reps-large 3 --save
+[ "$DRY" = 1 ] || { last_json layer; wait "$PREP"; }
+step train 300 150 python bench/train_gpu.py --runs large_b128,small,medium,large_b256 --steps 24 --skip 8 \
+  --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" --timeout-s 110 --save
+[ "$DRY" = 1 ] || last_json train
+step quickstart 170 120 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+step resume 110 60 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1.2 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+# the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
+step tests 200 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline" \
+  tests/test_model_triton_core.py tests/test_parallel_pipeline.py
+step optimizer 60 20 env TORCH_CUDA_ARCH_LIST=9.0 python bench/gpu_optimizer.py
+[ "$DRY" = 1 ] || last_json optimizer
+
+if [ "$DRY" = 0 ]; then
+  wait 2>/dev/null
+  grep -h -E "mLSTM core on|optimizer:|resum|bits/byte|first step" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
+    | cut -c1-400 | sort -u >"$LOGS/highlights.txt"
+  cp -r "$WORK/results" "$LOGS/results" 2>/dev/null
+  tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d train/*.log qs/metrics.jsonl qs/*.json 2>/dev/null)
+fi
+say ""
+say "total $(elapsed)s"
