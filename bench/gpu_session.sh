@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for a GPU machine, from a bare one (torch, triton and nvcc there; no network):
-#   bench/gpu_session.sh OUTDIR            run it all, in about 8-9 minutes on one H100
+#   bench/gpu_session.sh OUTDIR            run it all, in about 9 minutes on one H100 (2026-11-26: 8.5)
 #   bench/gpu_session.sh OUTDIR --dry-run  print the plan (commands, time limits), check the wheels, run nothing
 # Steps, each with its own time limit, in this order (a step that would start past SESSION_BUDGET_S is skipped
 # and said so; later steps never wait on an earlier one's failure):
@@ -8,13 +8,13 @@
 #             into the current python, and the project itself (editable, no dependencies)
 #   (background, niced) data prep for the train benchmark and the quickstart; DeepSpeed's FusedAdam build
 #   layer     bench/mlstm_layer.py --device cuda: the Triton core's loops, the reference core, cuDNN's LSTM
-#   train     bench/train_gpu.py: small, medium, large_b128, large_b256 through the real entry point
+#   tests     the gpu tests, and a 2-rank CPU test beside them (the suite's launches must not take the GPU)
+#   train     bench/train_gpu.py: large_b128, small, medium, large_b256 through the real entry point
 #   quickstart launch/quickstart.sh on the GPU with a 1-minute budget (train, evaluate, export, generate), then
 #             rerun with a longer budget: it resumes, and evaluates, exports and generates again
-#   tests     pytest -m gpu, and two CPU-rank test files (they must not take the GPU)
 #   optimizer bench/gpu_optimizer.py: torch's fused AdamW against DeepSpeed's FusedAdam
 # OUTDIR gets at most 8 files: summary.md, logs.tar.gz, and each benchmark's JSON line (*.json).
-# Environment: WHEELS, SESSION_BUDGET_S (default 530), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
+# Environment: WHEELS, SESSION_BUDGET_S (default 560), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
 # tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +23,7 @@ DRY=0
 [ "${2:-}" = --dry-run ] && DRY=1
 WHEELS="${WHEELS:-$ROOT/.whl}"
 WORK="${WORK:-/tmp/mlstm-gpu-session}"
-BUDGET="${SESSION_BUDGET_S:-530}"
+BUDGET="${SESSION_BUDGET_S:-560}"
 LOGS="$WORK/logs"
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -95,21 +95,23 @@ else
 fi
 
 step layer 170 120 python bench/mlstm_layer.py --device cuda --budget-s 20 --reps-small 5 --reps-large 3 --save
-[ "$DRY" = 1 ] || { last_json layer; wait "$PREP"; }
-step train 300 150 python bench/train_gpu.py --runs large_b128,small,medium,large_b256 --steps 24 --skip 8 \
-  --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" --timeout-s 110 --save
-[ "$DRY" = 1 ] || last_json train
-step quickstart 170 120 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
-step resume 110 60 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1.2 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+[ "$DRY" = 1 ] || last_json layer
 # the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
-step tests 200 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline" \
+step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline" \
   tests/test_model_triton_core.py tests/test_parallel_pipeline.py
-step optimizer 60 20 env TORCH_CUDA_ARCH_LIST=9.0 python bench/gpu_optimizer.py
+[ "$DRY" = 1 ] || wait "$PREP"
+step train 240 150 python bench/train_gpu.py --runs large_b128,small,medium,large_b256 --steps 20 --skip 6 \
+  --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" --timeout-s 100 --save
+[ "$DRY" = 1 ] || last_json train
+# 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
+step quickstart 240 180 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+step resume 110 60 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1.2 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+step optimizer 60 15 env TORCH_CUDA_ARCH_LIST=9.0 python bench/gpu_optimizer.py
 [ "$DRY" = 1 ] || last_json optimizer
 
 if [ "$DRY" = 0 ]; then
   wait 2>/dev/null
-  grep -h -E "mLSTM core on|optimizer:|resum|bits/byte|first step" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
+  grep -h -E "mLSTM core on|optimizer:|resumed|test split|first step|samples @" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
     | cut -c1-400 | sort -u >"$LOGS/highlights.txt"
   cp -r "$WORK/results" "$LOGS/results" 2>/dev/null
   tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d train/*.log qs/metrics.jsonl qs/*.json 2>/dev/null)

@@ -285,7 +285,8 @@ def cuda_ratios(tok_s: dict, gflops: dict, B: int, H: int) -> dict:
     chosen = {
         str(dt).removeprefix("torch."): {"fwd": c.fwd.name, "bwd": c.bwd.name if c.bwd else None,
                                          "python": c.python, "times_ms": c.times}
-        for (dev, b, h, dt, forced), c in gpu_tuning._choices.items() if (b, h, forced) == (B, H, None)
+        for (dev, b, h, dt, forced), c in gpu_tuning._choices.items()
+        if (b, h, forced) == (gpu_tuning.batch_bucket(B), H, None)
     }  # fmt: skip
     return {
         "auto_vs_python_fp32": ratio(tok_s.get("auto_fp32"), tok_s.get("python_fp32")),

@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_commit() -> str:
-    """HEAD, with "+dirty" when the tree has uncommitted changes; "unknown" outside a checkout."""
+    """HEAD, with "+dirty" when the tree has uncommitted changes; "unknown" outside a checkout.
+    MLSTM_GIT_COMMIT wins: a copy of the tree on another machine may carry a .git that is not the code's."""
+    if os.environ.get("MLSTM_GIT_COMMIT"):
+        return os.environ["MLSTM_GIT_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True

@@ -17,8 +17,17 @@ def _cpu_for_launched_processes() -> None:
     """The suite's launches (deepspeed ranks, entry points) are CPU tests (gloo, 2 ranks on one machine): on a
     GPU machine they must not take the GPU. This process enumerates its CUDA devices first (the `gpu` tests run
     here, on the GPU), then every process it starts sees none, and DeepSpeed runs on the CPU accelerator."""
+    # pytest-xdist's workers inherit this process's environment: each restores what the suite was started with
+    given = os.environ.setdefault(
+        "MLSTM_SUITE_CUDA_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    )
+    if given == "<unset>":
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = given
     if torch.cuda.is_available():  # the CUDA runtime reads CUDA_VISIBLE_DEVICES once: now, with the GPUs seen
         torch.cuda.init()
+        torch.cuda.device_count()  # torch caches the count once CUDA is initialised (else it re-reads the variable)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["DS_ACCELERATOR"] = "cpu"
 

@@ -150,6 +150,14 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_p
     assert out["python"] == [True, True] and out["logged"] == 1
 
 
+def test_a_micro_batch_with_fewer_rows_shares_its_bucket():
+    from app.model.gpu_tuning import _key, batch_bucket
+
+    assert [batch_bucket(b) for b in (1, 16, 17, 64, 65, 256)] == [16, 16, 32, 64, 128, 256]
+    w = torch.zeros(8, 8)
+    assert _key(torch.zeros(3, 2, 4), w) == _key(torch.zeros(11, 2, 4), w) != _key(torch.zeros(17, 2, 4), w)
+
+
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     """Triton's real compiler (not the interpreter) builds both kernels, every way they run, for an H100 in
     bf16 and fp32; the products' K loops are software-pipelined, and the forward's gate phase (4 gates x 16
@@ -320,4 +328,7 @@ def test_cuda_dispatch_times_the_loops_once_and_logs_the_choice(caplog, monkeypa
     choice = gpu_tuning._choices[(*gpu_tuning._key(x, w), None)]
     assert {f"{d}/{n}" for d in ("fwd", "bwd") for n in LOOPS} <= set(choice.times), choice.times
     assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction  # "fused" asks for it, whatever won
+    n = len(gpu_tuning._choices)
+    core.select("auto", x[:20], w)  # a micro-batch with fewer rows: its bucket's choice, no new timing
+    assert len(gpu_tuning._choices) == n
     assert "B32 H256" in (tmp_path / "gpu_loops.json").read_text()  # a later run skips the timing

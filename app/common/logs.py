@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 _NOISY = ("DeepSpeed", "deepspeed", "torch.distributed", "datasets", "wandb", "urllib3", "filelock")
 FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(message)s"
+# app loggers that speak at INFO although the rest of app/ stays at WARNING: each says once what was chosen
+ANNOUNCE = ("app.model.core", "app.model.gpu_tuning", "app.parallel.engine")
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
@@ -64,6 +66,8 @@ def setup_logging(verbose: bool = False) -> logging.Logger:
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(logging.DEBUG if verbose else quiet_level)
+    for name in ANNOUNCE:  # our own one-off lines a user needs in the run log: which core, loop and Adam run
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
     if not verbose:

@@ -1,6 +1,6 @@
 """Which loop runs the mLSTM core on a GPU, per shape, chosen by measurement (as `cudnn.benchmark` does).
 
-On first use of a (device, B, H, dtype) the candidates of app/model/gpu_loops.py (step, cublas, persistent)
+On first use of a (device, B, H, dtype) (B: `batch_bucket`, the next power of two) the candidates of app/model/gpu_loops.py (step, cublas, persistent)
 are each timed on T_TUNE steps, forward and backward apart, and the fastest of each direction kept for the
 process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
 the reference where it wins, so the GPU path is never slower than it). The choice is logged once, with the
@@ -215,8 +215,15 @@ def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
     return Choice(loop, loop, python=want == "python", times={"forced": want})  # no timing: both directions
 
 
+def batch_bucket(B: int) -> int:
+    """The batch size a choice is made for: the next power of two, at least 16. A micro-batch with fewer
+    rows (a bucket's last, an evaluation's) reuses its bucket's loops and compiled kernels (the kernels mask
+    the rows past B) instead of a fresh timing mid-run."""
+    return max(16, _next_pow2(B))
+
+
 def _key(x: torch.Tensor, w: torch.Tensor) -> tuple:
-    return (x.device, x.shape[0], w.shape[0], w.dtype)
+    return (x.device, batch_bucket(x.shape[0]), w.shape[0], w.dtype)
 
 
 def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice:
@@ -225,7 +232,7 @@ def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice
     choice = _choices.get(key)
     if choice is not None and (choice.bwd is not None or not backward):
         return choice
-    B, H = x.shape[0], w.shape[0]
+    B, H = batch_bucket(x.shape[0]), w.shape[0]
     choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward)
     if choice is None:
         choice = _tune(B, H, w.dtype, x.device, backward)
@@ -241,7 +248,7 @@ def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_f
         return False
     choice = loops_for(x, w, backward)
     if choice.python is None:
-        B, D, H = x.shape[0], x.shape[2], w.shape[0]
+        B, D, H = batch_bucket(x.shape[0]), x.shape[2], w.shape[0]
         ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
               (("triton", triton_fn), ("python", python_fn))}  # fmt: skip
         gpu_loops.clear_graphs()
@@ -279,7 +286,7 @@ def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
     if not choice.python and choice.bwd is not None:
         what += f", {choice.bwd.name} backward"
     dt = str(w.dtype).removeprefix("torch.")
-    log.info("mLSTM core on %s %s B%d H%d: %s (ms at T=%d: %s)", x.device, dt, x.shape[0], w.shape[0], what,
+    log.info("mLSTM core on %s %s B%d H%d: %s (ms at T=%d: %s)", x.device, dt, batch_bucket(x.shape[0]), w.shape[0], what,
              T_TUNE, choice.times)  # fmt: skip
 
 

@@ -26,6 +26,9 @@ One kernel body, three ways to run it (constexprs):
     USE_DOT off               the product is read from `prod` (cuBLAS computed it): the phase is then only
                               its epilogue (the cuBLAS loop)
 
+Only H is specialised on (its divisibility by 16 keeps the loads vectorised); the batch size appears only
+multiplied by H, so a micro-batch with another row count reuses the compiled kernels.
+
 The grid barrier is an epoch counter: each program adds 1 (release) and waits (acquire) until the counter
 reaches (epoch + 1) * programs. The wait is bounded (MAX_SPIN polls): a program that never sees the others
 sets the failure flag, every later barrier returns at once, and the host raises instead of hanging. Data
@@ -182,7 +185,7 @@ def _grid_sync(bar, epoch, nprog, MAX_SPIN: tl.constexpr):
     return epoch + 1
 
 
-@triton.jit(do_not_specialize=["t0", "t1"])
+@triton.jit(do_not_specialize=["t0", "t1", "B"])
 def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar, t0, t1, B, H,
               PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_R: tl.constexpr, BU_R: tl.constexpr, BB_G: tl.constexpr, BU_G: tl.constexpr,
@@ -270,7 +273,7 @@ def _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod, B, H,
     tl.store(dr + t * B * H + off, (acc * p).to(dr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["t0", "t1", "T"])
+@triton.jit(do_not_specialize=["t0", "t1", "T", "B"])
 def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, bar, t0, t1, T, B, H,
               PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,

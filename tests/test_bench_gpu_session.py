@@ -1,0 +1,46 @@
+"""bench/gpu_session.sh: the one command a GPU machine runs. Checked here with --dry-run (no GPU): the plan,
+every step with its time limit, and a missing wheel folder refused in one line."""
+
+import os
+import subprocess
+
+from launcher import ROOT
+
+SCRIPT = ROOT / "bench" / "gpu_session.sh"
+
+
+def _dry(tmp_path, wheels):
+    env = dict(os.environ, WHEELS=str(wheels), WORK=str(tmp_path / "work"), MLSTM_GIT_COMMIT="abc1234")
+    return subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_the_dry_run_plans_every_step_within_the_budget(tmp_path):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    (wheels / "deepspeed-0.19.8-py3-none-any.whl").write_bytes(b"PK")
+    p = _dry(tmp_path, wheels)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| ")]
+    steps = [r.split("|")[1].strip() for r in rows[1:]]
+    assert steps == [
+        "wheels",
+        "install",
+        "(background)",
+        "layer",
+        "tests",
+        "train",
+        "quickstart",
+        "resume",
+        "optimizer",
+    ]
+    limits = [int(r.split("limit ")[1].split("s")[0]) for r in rows if "limit " in r]
+    assert sum(limits) <= 10 * 60 * 2  # each step is bounded; the session budget decides what runs
+    assert "commit abc1234" in p.stdout and (tmp_path / "out" / "summary.md").read_text() == p.stdout
+    assert len(list((tmp_path / "out").iterdir())) <= 8  # what a device call brings back
+
+
+def test_no_wheels_is_one_line(tmp_path):
+    p = _dry(tmp_path, tmp_path / "none")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].startswith("error: no wheels in ")
