@@ -49,7 +49,8 @@ def interpreted(tmp_path_factory) -> dict:
     return _check("parity", tmp_path_factory.mktemp("interp"), TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
 
 
-LOOPS = ("step", "cublas", "persistent")
+LOOPS = ("step", "cublas", "persistent", "splitk")
+TIMED = {f"fwd/{n}" for n in LOOPS[:3]} | {f"bwd/{n}" for n in LOOPS}  # splitk: a backward-only candidate
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -87,7 +88,7 @@ def test_prefill_gives_each_row_its_state_after_its_length(interpreted, loop):
     assert max(interpreted[f"prefill/{loop}"]) < 1e-12, interpreted[f"prefill/{loop}"]
 
 
-@pytest.mark.parametrize("loop", ["cublas", "persistent"])
+@pytest.mark.parametrize("loop", ["cublas", "persistent", "splitk"])
 def test_right_padding_leaves_real_positions_alone(interpreted, loop):
     """Lengths 6, 4, 1 padded to 6: outputs, dx and every weight gradient equal the rows run alone."""
     assert max(interpreted[f"padded/{loop}"]) < 1e-12, interpreted[f"padded/{loop}"]
@@ -141,7 +142,7 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_p
     and none left out (they agree with the cuBLAS loop), a loop that computes something else left out with
     why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
     out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
-    assert set(out["choice"]) == {f"{d}/{n}" for d in ("fwd", "bwd") for n in LOOPS}, out
+    assert set(out["choice"]) == TIMED, out
     assert all(isinstance(v, float) for v in out["choice"].values()), out
     assert (
         out["wrong"]["picked"] == "cublas"
@@ -160,14 +161,19 @@ def test_a_micro_batch_with_fewer_rows_shares_its_bucket():
 
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     """Triton's real compiler (not the interpreter) builds both kernels, every way they run, for an H100 in
-    bf16 and fp32; the products' K loops are software-pipelined, and the forward's gate phase (4 gates x 16
-    units as M, the batch as N) uses Hopper's warpgroup MMA in bf16, in the step and persistent kernels."""
+    bf16 and fp32, the backward split over K too; the products' K loops are software-pipelined, and the
+    forward's gate phase (4 gates x 16 units as M, the batch as N) and the split backward's K = 4H phase use
+    Hopper's warpgroup MMA in bf16, in the step and persistent kernels."""
     out = _check("compile", tmp_path)
     if "skip" in out:
         pytest.skip(out["skip"])
-    assert len(out) == 20 and all(v["cubin"] > 1000 for v in out.values()), out
-    assert all(v["pipelined"] for k, v in out.items() if "/dot/" in k), out
+    assert len(out) == 26 and all(v["cubin"] > 1000 for v in out.values()), out
+    assert all(
+        v["pipelined"] for k, v in out.items() if "/dot/" in k or ("/splitk" in k and "phase3" not in k)
+    ), out
     assert out["mlstm_fwd/phase2/dot/bf16"]["wgmma"] and out["mlstm_fwd/phase0/dot/bf16"]["wgmma"], out
+    # the backward's K = 4H phase split over K: 64 units as M, the whole batch as N
+    assert out["mlstm_bwd/phase2/splitk/bf16"]["wgmma"] and out["mlstm_bwd/phase0/splitk/bf16"]["wgmma"], out
 
 
 def test_tiles_give_every_sm_work_and_keep_large_layers_whole_batch():
@@ -326,7 +332,7 @@ def test_cuda_dispatch_times_the_loops_once_and_logs_the_choice(caplog, monkeypa
     lines = [r.message for r in caplog.records if "B32 H256" in r.message]
     assert len(lines) == 1 and "ms at T=64" in lines[0], lines
     choice = gpu_tuning._choices[(*gpu_tuning._key(x, w), None)]
-    assert {f"{d}/{n}" for d in ("fwd", "bwd") for n in LOOPS} <= set(choice.times), choice.times
+    assert set(choice.times) >= TIMED, choice.times
     assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction  # "fused" asks for it, whatever won
     n = len(gpu_tuning._choices)
     core.select("auto", x[:20], w)  # a micro-batch with fewer rows: its bucket's choice, no new timing

@@ -98,6 +98,9 @@ def test_reference_run_log_is_quiet_and_ours_carry_time_and_rank(reference_run):
     assert lines and all(OUR_LINE.match(ln) for ln in lines), [ln for ln in lines if not OUR_LINE.match(ln)]
     steps = [ln for ln in lines if re.search(r"\[rank 0\] INFO step \d+/8 \| loss", ln)]
     assert len(steps) == int(STEPS), steps
+    # the choices a user needs to know about, said once each: which Adam, which time loop
+    assert sum("INFO optimizer: DeepSpeed FusedAdam" in ln for ln in lines) == 1, lines
+    assert any("INFO mLSTM core on cpu float32: " in ln for ln in lines), lines
 
 
 def test_wandb_offline_run_has_metrics_and_no_key(reference_run):

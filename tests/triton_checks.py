@@ -166,61 +166,54 @@ def _padded(fn) -> list[float]:
 
 def compile_sm90() -> dict:
     """Both kernels, every way they run (a phase of a step with the product in it or read back from cuBLAS;
-    the persistent loop), built by Triton's real compiler for an H100 with the tiles the tuner picks for
-    B64 H1024, in bf16 and fp32, with the argument divisibility the JIT specialises on. Per build: cubin
-    bytes, whether its K loop was software-pipelined (asynchronous copies) and whether it uses Hopper's
-    warpgroup MMA."""
+    the persistent loop; the backward split over K), built by Triton's real compiler for an H100 with the
+    tiles the tuner picks for B64 H1024, in bf16 and fp32, with the argument divisibility the JIT specialises
+    on. Per build: cubin bytes, whether its K loop was software-pipelined (asynchronous copies) and whether
+    it uses Hopper's warpgroup MMA."""
+    import triton
+
+    from app.model import triton_kernels as k
+    from app.model.gpu_tuning import split_tiles, tiles_for
+
+    out = {}
+    for dt, ty, torch_dt in (("bf16", "*bf16", torch.bfloat16), ("fp32", "*fp32", torch.float32)):
+        base = tiles_for(64, 1024, torch_dt, sms=132, weights_in_l2=True)
+        split = split_tiles(base, 64, 1024, sms=132)
+        builds = [(kern, base, p, s, d, "dot" if d else "cublas") for kern in (k.mlstm_fwd, k.mlstm_bwd)
+                  for p, s, d in _WAYS]  # fmt: skip
+        builds += [(k.mlstm_bwd, split, p, s, True, "splitk") for p, s in ((2, False), (3, False), (0, True))]
+        for kern, t, phase, sync, dot, way in builds:
+            if kern is k.mlstm_fwd:
+                tiles = dict(BB_R=t.bb_r, BU_R=t.bu_r, BB_G=t.bb_g, BU_G=t.bu_g)
+            else:
+                tiles = dict(zip(("BB_H", "BU_H", "BB_M", "BU_M"), t.bwd()), SPLIT=t.split)
+            c = dict(PHASE=phase, SYNC=sync, USE_DOT=dot, BK=t.bk, UPCAST=False, ACC=triton.language.float32,
+                     PREC="ieee", CACHE=".cg" if sync else "", MAX_SPIN=1 << 22, **tiles)  # fmt: skip
+            ttgir, cubin = _build(kern, c, ty, t)
+            out[f"{kern.__name__}/phase{phase}/{way}/{dt}"] = {
+                "cubin": len(cubin),
+                "pipelined": "async_copy_global_to_local" in ttgir,
+                "wgmma": "warp_group_dot" in ttgir,
+            }
+    return out
+
+
+def _build(kern, consts: dict, ty: str, tiles) -> tuple[str, bytes]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from app.model import triton_kernels as k
-    from app.model.gpu_tuning import tiles_for
+    sig = {n: "constexpr" if n in consts else ty if n in _OPERANDS else "*fp32" if n in _STATE else
+           "*i32" if n == "bar" else "i32" for n in kern.arg_names}  # fmt: skip
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
+             if sig[n].startswith("*") or n == "H"}  # fmt: skip
+    src = ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
+    opts = dict(num_warps=tiles.warps, num_stages=tiles.stages, enable_fp_fusion=True)
+    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return cc.asm["ttgir"], cc.asm["cubin"]
 
-    tl = triton.language
-    out = {}
-    for dt, ty, torch_dt in (("bf16", "*bf16", torch.bfloat16), ("fp32", "*fp32", torch.float32)):
-        t = tiles_for(64, 1024, torch_dt, sms=132, weights_in_l2=True)
-        for kern, names in (
-            (k.mlstm_fwd, ("BB_R", "BU_R", "BB_G", "BU_G")),
-            (k.mlstm_bwd, ("BB_H", "BU_H", "BB_M", "BU_M")),
-        ):
-            for phase, sync, dot in (
-                (1, False, True),
-                (2, False, True),
-                (0, True, True),
-                (1, False, False),
-                (2, False, False),
-            ):
-                c = dict(
-                    PHASE=phase,
-                    SYNC=sync,
-                    USE_DOT=dot,
-                    BK=t.bk,
-                    UPCAST=False,
-                    ACC=tl.float32,
-                    PREC="ieee",
-                    CACHE=".cg" if sync else "",
-                    MAX_SPIN=1 << 22,
-                    **dict(zip(names, (t.bb_r, t.bu_r, t.bb_g, t.bu_g))),
-                )
-                sig = {n: "constexpr" if n in c else ty if n in _OPERANDS else "*fp32" if n in _STATE else
-                       "*i32" if n == "bar" else "i32" for n in kern.arg_names}  # fmt: skip
-                attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
-                         if sig[n].startswith("*") or n in ("B", "H")}  # fmt: skip
-                src = ASTSource(fn=kern, signature=sig, constexprs=c, attrs=attrs)
-                cc = triton.compile(
-                    src,
-                    target=GPUTarget("cuda", 90, 32),
-                    options=dict(num_warps=t.warps, num_stages=t.stages, enable_fp_fusion=True),
-                )
-                ttgir = cc.asm["ttgir"]
-                out[f"{kern.__name__}/phase{phase}/{'dot' if dot else 'cublas'}/{dt}"] = {
-                    "cubin": len(cc.asm["cubin"]),
-                    "pipelined": "async_copy_global_to_local" in ttgir,
-                    "wgmma": "warp_group_dot" in ttgir,
-                }
-    return out
+
+_WAYS = ((1, False, True), (2, False, True), (0, True, True), (1, False, False), (2, False, False))
 
 
 def tuning() -> dict:
@@ -262,7 +255,7 @@ def tuning() -> dict:
 
 
 _OPERANDS = {"hs", "w_mh", "w_m", "ms", "prod_r", "prod_g", "dr", "w_mh_t", "w_m_t", "dp", "prod_h", "prod_m"}
-_STATE = {"cs", "pm", "pg", "rs", "gates", "tcs", "dy", "dc"}
+_STATE = {"cs", "pm", "pg", "rs", "gates", "tcs", "dy", "dc", "part"}
 
 
 if __name__ == "__main__":

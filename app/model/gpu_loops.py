@@ -1,4 +1,4 @@
-"""Three ways to run the mLSTM time loop on a GPU, over the same buffers and the same kernels
+"""Four ways to run the mLSTM time loop on a GPU, over the same buffers and the same kernels
 (app/model/triton_kernels.py); app/model/gpu_tuning.py times them per shape and keeps the fastest.
 
     step        two Triton launches per step each way, the product in the kernel (its gate / cell math in
@@ -7,6 +7,8 @@
                 (USE_DOT off: only their epilogues run); replayed as a CUDA graph
     persistent  ONE launch per sequence each way: a cooperative grid of at most the SM count loops over
                 the steps with a grid barrier between phases; no graph, nothing captured per length
+    splitk      the persistent loop, its backward's K = 4H phase split over K (a third phase sums the
+                slices, in a fixed order): a backward-only candidate
 
 Buffers (dicts of tensors; forward: hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs; backward: dr, w_mh_t,
 w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm) are described in triton_kernels.py. Graphs: one per (loop,
@@ -47,8 +49,10 @@ def _k():
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes of the two phases (batch rows BB, units BU; a forward phase-2 / backward phase-1 tile
-    holds 4 BU weight rows), the K step, and the launch's warps and pipeline depth."""
+    """Tile sizes of the phases (batch rows BB, units BU; a forward phase-2 / backward phase-1 tile holds 4 BU
+    weight rows), the K step, the launch's warps and pipeline depth. The backward's phase 1 (and phase 3)
+    takes the forward phase 1's tiles, its phase 2 `bb_m` x `bu_m` (0: the forward phase 2's), split `split`
+    ways over K (1: not split)."""
 
     bb_r: int
     bu_r: int
@@ -57,12 +61,24 @@ class Tiles:
     bk: int
     warps: int = 4
     stages: int = 3
+    bb_m: int = 0
+    bu_m: int = 0
+    split: int = 1
 
     def n_r(self, B: int, H: int) -> int:
         return -(-B // self.bb_r) * -(-H // self.bu_r)
 
     def n_g(self, B: int, H: int) -> int:
         return -(-B // self.bb_g) * -(-H // self.bu_g)
+
+    def bwd(self) -> tuple[int, int, int, int]:
+        """(BB_H, BU_H, BB_M, BU_M)."""
+        return self.bb_r, self.bu_r, self.bb_m or self.bb_g, self.bu_m or self.bu_g
+
+    def n_m(self, B: int, H: int) -> int:
+        """Programs of the backward's phase 2 (its output tiles times the K slices)."""
+        _, _, bb, bu = self.bwd()
+        return -(-B // bb) * -(-H // bu) * self.split
 
 
 def _precision(dtype: torch.dtype) -> dict:
@@ -84,7 +100,7 @@ def _fwd_args(b: dict, prod_r, prod_g, bar):
 
 def _bwd_args(b: dict, prod_h, prod_m, bar):
     return (b["dr"], b["w_mh_t"], b["w_m_t"], b["dy"], b["gates"], b["cs"], b["tcs"], b["dc"], b["dp"],
-            b["rs"], b["pm"], prod_h, prod_m, bar)  # fmt: skip
+            b["rs"], b["pm"], prod_h, prod_m, b.get("part", prod_h), bar)  # fmt: skip
 
 
 class Loop:
@@ -92,6 +108,7 @@ class Loop:
 
     name = "loop"
     graphed = False
+    directions = ("fwd", "bwd")  # the directions the tuner times it in
 
     def __init__(self, tiles: Tiles) -> None:
         self.tiles = tiles
@@ -101,8 +118,10 @@ class Loop:
 
     def _consts(self, dtype: torch.dtype, phase: int, sync: bool, use_dot: bool, fwd: bool) -> dict:
         t = self.tiles
-        names = ("BB_R", "BU_R", "BB_G", "BU_G") if fwd else ("BB_H", "BU_H", "BB_M", "BU_M")
-        tiles = dict(zip(names, (t.bb_r, t.bu_r, t.bb_g, t.bu_g)))
+        if fwd:
+            tiles = dict(BB_R=t.bb_r, BU_R=t.bu_r, BB_G=t.bb_g, BU_G=t.bu_g)
+        else:
+            tiles = dict(zip(("BB_H", "BU_H", "BB_M", "BU_M"), t.bwd()), SPLIT=t.split)
         cache = ".cg" if sync and not interpreting() else ""
         # fp fusion stated (Triton's default, which 3.9+ warns it will change): the tests and timings hold for it
         launch = {} if interpreting() else dict(num_warps=t.warps, num_stages=t.stages, enable_fp_fusion=True)
@@ -110,8 +129,17 @@ class Loop:
                     **tiles, **_precision(dtype), **launch)  # fmt: skip
 
     def scratch(self, B: int, H: int, dtype: torch.dtype, device) -> dict:
-        """Per-loop work buffers (no time axis), made once per arena or call."""
-        return {}
+        """Per-loop work buffers (no time axis), made once per arena or call: the K slices of a split phase."""
+        if self.tiles.split == 1:
+            return {}
+        acc = torch.float64 if dtype == torch.float64 else torch.float32  # the kernels' accumulator dtype
+        return dict(part=torch.empty(self.tiles.split, B, H, dtype=acc, device=device))
+
+    def bwd_phases(self, B: int, H: int) -> list[tuple[int, int]]:
+        """(phase, programs) of one backward step run phase by phase."""
+        t = self.tiles
+        phases = [(1, t.n_r(B, H)), (2, t.n_m(B, H))]
+        return phases + ([(3, t.n_r(B, H))] if t.split > 1 else [])
 
 
 class StepLoop(Loop):
@@ -130,14 +158,15 @@ class StepLoop(Loop):
             k.mlstm_fwd[(t_.n_g(B, H),)](*args, t, t + 1, B, H, **c2)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
-        k, t_ = _k(), self.tiles
-        c1 = self._consts(b["w_mh_t"].dtype, 1, False, True, False)
-        c2 = self._consts(b["w_mh_t"].dtype, 2, False, True, False)
+        k = _k()
+        phases = [
+            (n, self._consts(b["w_mh_t"].dtype, p, False, True, False)) for p, n in self.bwd_phases(B, H)
+        ]
         args = _bwd_args(b, b["w_mh_t"], b["w_m_t"], b["w_mh_t"])
         b["dc"].zero_()
         for t in range(T - 1, -1, -1):
-            k.mlstm_bwd[(t_.n_r(B, H),)](*args, t, t + 1, T, B, H, **c1)
-            k.mlstm_bwd[(t_.n_g(B, H),)](*args, t, t + 1, T, B, H, **c2)
+            for n, c in phases:
+                k.mlstm_bwd[(n,)](*args, t, t + 1, T, B, H, **c)
 
 
 class CublasLoop(Loop):
@@ -176,7 +205,7 @@ class CublasLoop(Loop):
                 torch.mm(b["dr"][t + 1], w_mh, out=p_h)  # (B, H) d(r_{t+1}) W_mh
             k.mlstm_bwd[(t_.n_r(B, H),)](*args, t, t + 1, T, B, H, **c1)
             torch.mm(b["dp"][t, :, H:], w_m, out=p_m)  # (B, H) dG_t W_m: dG's rows have stride 5H
-            k.mlstm_bwd[(t_.n_g(B, H),)](*args, t, t + 1, T, B, H, **c2)
+            k.mlstm_bwd[(t_.n_m(B, H),)](*args, t, t + 1, T, B, H, **c2)
 
 
 class PersistentLoop(Loop):
@@ -198,8 +227,9 @@ class PersistentLoop(Loop):
     def _launch(self, kernel, args: tuple, fwd: bool, dtype: torch.dtype, tail: tuple, T: int) -> None:
         P = self.programs
         if interpreting():
+            phases = (1, 2) if fwd else [p for p, _ in self.bwd_phases(1, 1)]
             for t in range(T - 1, -1, -1) if not fwd else range(T):
-                for phase in (1, 2):
+                for phase in phases:
                     kernel[(P,)](*args, t, t + 1, *tail, **self._consts(dtype, phase, False, True, fwd))
             return
         bar = torch.zeros(2, dtype=torch.int32, device=args[0].device)  # [arrivals, failed]
@@ -243,6 +273,14 @@ class PersistentLoop(Loop):
         b["dc"].zero_()
         self._launch(_k().mlstm_bwd, _bwd_args(b, b["w_mh_t"], b["w_m_t"], b["w_mh_t"]), False,
                      b["w_mh_t"].dtype, (T, B, H), T)  # fmt: skip
+
+
+class SplitKLoop(PersistentLoop):
+    """The persistent loop with its backward's second phase (dm = W_m^T dG_t, K = 4H) split over K: a
+    backward-only candidate (its forward is the persistent loop's)."""
+
+    name = "splitk"
+    directions = ("bwd",)
 
 
 # ---- CUDA graphs over a shared arena

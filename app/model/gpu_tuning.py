@@ -1,15 +1,15 @@
 """Which loop runs the mLSTM core on a GPU, per shape, chosen by measurement (as `cudnn.benchmark` does).
 
-On first use of a (device, B, H, dtype) (B: `batch_bucket`, the next power of two) the candidates of app/model/gpu_loops.py (step, cublas, persistent)
-are each timed on T_TUNE steps, forward and backward apart, and the fastest of each direction kept for the
-process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
+On first use of a (device, B, H, dtype) (B: `batch_bucket`, the next power of two) the candidates of
+app/model/gpu_loops.py (step, cublas, persistent; splitk for the backward) are each timed on T_TUNE steps,
+forward and backward apart, and the fastest of each direction kept for the process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
 the reference where it wins, so the GPU path is never slower than it). The choice is logged once, with the
 times. A candidate that fails (a cooperative grid too large for the device, a kernel this Triton cannot
 build) is left out with its reason. Winners are also written to a small JSON cache
 (`$MLSTM_CACHE_DIR/gpu_loops.json`, default ~/.cache/mlstm-ds; keyed by device, torch, triton, this code's
 hash and the shape), so a later run starts without timing (Triton keeps the compiled kernels itself).
 
-`MLSTM_GPU_LOOP=step|cublas|persistent|python` forces one (no timing). In Triton's interpreter (the CPU
+`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python` forces one (no timing). In Triton's interpreter (the CPU
 tests) nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
 """
 
@@ -23,16 +23,16 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from app.model import gpu_loops
-from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, StepLoop, Tiles
+from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop, Tiles
 
 log = logging.getLogger(__name__)
-LOOPS = ("step", "cublas", "persistent")
+LOOPS = ("step", "cublas", "persistent", "splitk")
 T_TUNE = 64  # steps per timed run: per-step costs dominate; the fixed ones (a launch, a replay) count too
 REPS, WARMUP = 5, 3  # timed runs (median) after warm-up runs: compile, graph capture, first replay
 # relative difference allowed between two loops' outputs over T_TUNE steps, by operand dtype (bf16 products
@@ -79,6 +79,17 @@ def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool)
     return Tiles(bb_r, bu_r, bb_g, bu_g, bk, warps=8 if max(bb_r, bb_g) >= 128 else 4)
 
 
+def split_tiles(base: Tiles, B: int, H: int, sms: int) -> Tiles:
+    """The backward's K = 4H phase split over K: the whole batch (up to 128 rows: the weights read once) by 64
+    units (a warpgroup MMA's M) per output tile, as many K slices as fill the SMs, each at least 2 K steps."""
+    if gpu_loops.interpreting():
+        return replace(base, bb_m=16, bu_m=16, split=3)  # 3 slices of 4H = 80: the last one short
+    bb_m, bu_m = min(128, max(16, _next_pow2(B))), 64
+    outputs = -(-B // bb_m) * -(-H // bu_m)
+    split = max(1, min(sms // outputs, 4 * H // (2 * base.bk)))
+    return replace(base, bb_m=bb_m, bu_m=bu_m, split=split, warps=8 if bb_m >= 128 else base.warps)
+
+
 def candidates(B: int, H: int, dtype: torch.dtype, device: torch.device) -> list[Loop]:
     if gpu_loops.interpreting():
         sms, in_l2 = 3, True
@@ -87,8 +98,17 @@ def candidates(B: int, H: int, dtype: torch.dtype, device: torch.device) -> list
         sms = props.multi_processor_count
         in_l2 = 5 * H * H * torch.finfo(dtype).bits // 8 <= getattr(props, "L2_cache_size", 0) // 2
     tiles = tiles_for(B, H, dtype, sms, in_l2)
-    programs = min(sms, max(tiles.n_r(B, H), tiles.n_g(B, H)))
-    return [CublasLoop(tiles), StepLoop(tiles), PersistentLoop(tiles, programs)]  # cuBLAS first: the check
+    split = split_tiles(tiles, B, H, sms)
+
+    def programs(t: Tiles) -> int:
+        return min(sms, max(t.n_r(B, H), t.n_g(B, H), t.n_m(B, H)))
+
+    loops = [
+        CublasLoop(tiles),
+        StepLoop(tiles),
+        PersistentLoop(tiles, programs(tiles)),
+    ]  # cuBLAS first: the check
+    return loops + ([SplitKLoop(split, programs(split))] if split.split > 1 else [])
 
 
 def _time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
@@ -154,7 +174,7 @@ def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: di
     first that ran (the cuBLAS loop: its products owe nothing to Triton's tiles, pipelining or barriers), is
     left out with the reason: a kernel racing on some GPU is caught here, before it trains anything."""
     best, best_ms, ref = None, float("inf"), None
-    for loop in loops:
+    for loop in [lp for lp in loops if ("fwd" if fwd else "bwd") in lp.directions]:
         name = f"{'fwd' if fwd else 'bwd'}/{loop.name}"
         try:
             ms = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))

@@ -2,7 +2,7 @@
 
 Same function, parameters and precision rules as `mlstm_core.MLSTMFunction` (the reference and test oracle)
 and the CPU op (`fused_core`): before the loop ONE product (T*B, D) x (D, 5H) gives both input projections;
-the loop itself runs through one of the loops of app/model/gpu_loops.py (step, cublas, persistent), the
+the loop itself runs through one of the loops of app/model/gpu_loops.py (step, cublas, persistent, splitk), the
 fastest for the shape as app/model/gpu_tuning.py measured it; after the loop one product per weight
 gradient over all T*B tokens (d(w_in) and dx one product each, K = 5H).
 

@@ -8,6 +8,8 @@ and a tile is a small product with the step's elementwise work in its epilogue:
     backward  phase 1  dh = W_mh^T d(r_{t+1})    epilogue: + dy_t, then step t's gate and cell derivatives:
                                                  dG_t, and the dc carry to c_{t-1}
               phase 2  dm = W_m^T dG_t (K = 4H)  epilogue: d(pm_t) = dm * r_t, d(r_t) = dm * pm_t
+                       (SPLIT > 1: split over K, each slice into a buffer; phase 3 sums them, then the
+                       epilogue: the phase's tiles read dG once per slice instead of once per unit tile)
 
 Every phase-2 tile of the forward (phase-1 of the backward) owns all FOUR gates of its units (W_m's rows
 g*H + unit, g = i, f, o, u: the gate-interleaved slice, gathered in place), so the cell math needs nothing
@@ -199,13 +201,13 @@ def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar
     n_g = tl.cdiv(B, BB_G) * tl.cdiv(H, BU_G)
     epoch = 0
     for t in range(t0, t1):
-        if PHASE != 2:
+        if PHASE == 0 or PHASE == 1:
             for tile in range(pid, n_r, nprog):
                 _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod_r, B, H, BB_R, BU_R, BK, USE_DOT,
                             UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
-        if PHASE != 1:
+        if PHASE == 0 or PHASE == 2:
             for tile in range(pid, n_g, nprog):
                 _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod_g, B, H, BB_G, BU_G, BK,
                                 USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
@@ -252,35 +254,76 @@ def _bwd_h_tile(tile, t, WITH_DOT, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod,
 
 
 @triton.jit
-def _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod, B, H,
-                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
-    """dm = W_m^T dG_t (K = 4H); d(pm_t) = dm * r_t into dP[..., :H], d(r_t) = dm * pm_t. w_m_t: W_m^T
-    (H, 4H), contiguous. dP (T, B, 5H): [d(pm) | dG] per row, w_in's row order (one product gives d(w_in))."""
-    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+def _bwd_m_epilogue(acc, t, dp, rs, pm, dr, rb, ru, bok, uok, B, H, ACC: tl.constexpr):
+    """d(pm_t) = dm * r_t into dP[..., :H], d(r_t) = dm * pm_t, for a (units, batch) tile of dm."""
     mask = uok[:, None] & bok[None, :]
     off = rb[None, :] * H + ru[:, None]
-    row = dp + t * B * 5 * H
-    if USE_DOT:
-        acc = tl.zeros((BU, BB), dtype=ACC)
-        acc = _rows_dot(acc, w_m_t, ru * 4 * H, uok, row + H, rb * 5 * H, bok, 4 * H, BK,
-                        UPCAST, ACC, PREC, CACHE)  # fmt: skip
-    else:  # cuBLAS wrote dG_t W_m (B, H)
-        acc = tl.load(prod + off, mask=mask, other=0.0).to(ACC)
     r = tl.load(rs + t * B * H + off, mask=mask, other=0.0).to(ACC)
     p = tl.load(pm + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    row = dp + t * B * 5 * H
     tl.store(row + rb[None, :] * (5 * H) + ru[:, None], (acc * r).to(dp.dtype.element_ty), mask=mask)
     tl.store(dr + t * B * H + off, (acc * p).to(dr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """dm = W_m^T dG_t (K = 4H), then its epilogue. w_m_t: W_m^T (H, 4H), contiguous. dP (T, B, 5H):
+    [d(pm) | dG] per row, w_in's row order (one product gives d(w_in))."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    if USE_DOT:
+        acc = tl.zeros((BU, BB), dtype=ACC)
+        acc = _rows_dot(acc, w_m_t, ru * 4 * H, uok, dp + t * B * 5 * H + H, rb * 5 * H, bok, 4 * H, BK,
+                        UPCAST, ACC, PREC, CACHE)  # fmt: skip
+    else:  # cuBLAS wrote dG_t W_m (B, H)
+        acc = tl.load(prod + rb[None, :] * H + ru[:, None], mask=uok[:, None] & bok[None, :], other=0.0)
+        acc = acc.to(ACC)
+    _bwd_m_epilogue(acc, t, dp, rs, pm, dr, rb, ru, bok, uok, B, H, ACC)
+
+
+@triton.jit
+def _bwd_m_part(tile, t, dp, w_m_t, part, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """Split-K: slice s of dm = W_m^T dG_t over k in [s KS, (s + 1) KS) into part[s] (SPLIT, B, H). Tiles of one
+    output tile and its SPLIT slices are adjacent. More tiles, each reading dG once per slice, not per unit
+    tile of the whole K: dG is read H / BU times in all, over 4H / KS times as many programs."""
+    s = tile % SPLIT
+    rb, ru, bok, uok = _tile(tile // SPLIT, B, H, BB, BU)
+    ks = tl.cdiv(tl.cdiv(4 * H, SPLIT), BK) * BK
+    k0 = s * ks
+    klen = tl.minimum(ks, 4 * H - k0)  # the last slices may be short, or empty
+    acc = tl.zeros((BU, BB), dtype=ACC)
+    acc = _rows_dot(acc, w_m_t + k0, ru * 4 * H, uok, dp + t * B * 5 * H + H + k0, rb * 5 * H, bok, klen, BK,
+                    UPCAST, ACC, PREC, CACHE)  # fmt: skip
+    off = s * B * H + rb[None, :] * H + ru[:, None]
+    tl.store(part + off, acc.to(part.dtype.element_ty), mask=uok[:, None] & bok[None, :])
+
+
+@triton.jit
+def _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H,
+               BB: tl.constexpr, BU: tl.constexpr, SPLIT: tl.constexpr, ACC: tl.constexpr,
+               CACHE: tl.constexpr):  # fmt: skip
+    """dm = the SPLIT slices summed in a fixed order (deterministic: no atomics), then its epilogue."""
+    rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    mask = uok[:, None] & bok[None, :]
+    off = rb[None, :] * H + ru[:, None]
+    acc = tl.zeros((BU, BB), dtype=ACC)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part + s * B * H + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC)
+    _bwd_m_epilogue(acc, t, dp, rs, pm, dr, rb, ru, bok, uok, B, H, ACC)
+
+
 @triton.jit(do_not_specialize=["t0", "t1", "T", "B"])
-def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, bar, t0, t1, T, B, H,
+def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, part, bar, t0, t1, T, B, H,
               PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,
-              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
-              CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
+              SPLIT: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr,
+              PREC: tl.constexpr, CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
     """Steps t1-1 down to t0 of the backward (T: the sequence length; step T-1 has no d(r_{t+1})).
-    dc (B, H) must be zero before step T-1. Out: dp (T, B, 5H), dr (T, B, H)."""
+    dc (B, H) must be zero before step T-1. Out: dp (T, B, 5H), dr (T, B, H). SPLIT > 1: phase 2 writes the
+    K slices of dm into part (SPLIT, B, H) fp32 and a third phase (tiles as phase 1's) sums them."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_h = tl.cdiv(B, BB_H) * tl.cdiv(H, BU_H)
@@ -288,15 +331,27 @@ def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, pro
     epoch = 0
     for i in range(t0, t1):
         t = t1 - 1 - (i - t0)
-        if PHASE != 2:
+        if PHASE == 0 or PHASE == 1:
             for tile in range(pid, n_h, nprog):
                 _bwd_h_tile(tile, t, t < T - 1, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod_h, B, H,
                             BB_H, BU_H, BK, USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
-        if PHASE != 1:
-            for tile in range(pid, n_m, nprog):
-                _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod_m, B, H, BB_M, BU_M, BK, USE_DOT,
-                            UPCAST, ACC, PREC, CACHE)  # fmt: skip
+        if PHASE == 0 or PHASE == 2:
+            if SPLIT == 1:
+                for tile in range(pid, n_m, nprog):
+                    _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod_m, B, H, BB_M, BU_M, BK, USE_DOT,
+                                UPCAST, ACC, PREC, CACHE)  # fmt: skip
+            else:
+                for tile in range(pid, n_m * SPLIT, nprog):
+                    _bwd_m_part(
+                        tile, t, dp, w_m_t, part, B, H, BB_M, BU_M, BK, SPLIT, UPCAST, ACC, PREC, CACHE
+                    )
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+        if SPLIT > 1:
+            if PHASE == 0 or PHASE == 3:
+                for tile in range(pid, n_h, nprog):
+                    _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H, BB_H, BU_H, SPLIT, ACC, CACHE)
+            if SYNC:
+                epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
