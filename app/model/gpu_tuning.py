@@ -5,9 +5,8 @@ app/model/gpu_loops.py (step, cublas, persistent; splitk for the backward) are e
 forward and backward apart, and the fastest of each direction kept for the process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
 the reference where it wins, so the GPU path is never slower than it). The choice is logged once, with the
 times. A candidate that fails (a cooperative grid too large for the device, a kernel this Triton cannot
-build) is left out with its reason. Winners are also written to a small JSON cache
-(`$MLSTM_CACHE_DIR/gpu_loops.json`, default ~/.cache/mlstm-ds; keyed by device, torch, triton, this code's
-hash and the shape), so a later run starts without timing (Triton keeps the compiled kernels itself).
+build) is left out with its reason. Winners are also written to disk (app/model/gpu_choice_cache.py), so a
+later run starts without timing.
 
 `MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python` forces one (no timing). In Triton's interpreter (the CPU
 tests) nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
@@ -16,19 +15,16 @@ tests) nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run p
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
-from app.model import gpu_loops
+from app.model import gpu_choice_cache, gpu_loops
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop, Tiles
 
 log = logging.getLogger(__name__)
@@ -200,6 +196,10 @@ def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: di
 
 def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
     loops = candidates(B, H, dtype, device)
+    log.info(
+        "timing the mLSTM core's GPU loops for B%d H%d %s (%s): once per shape, seconds (kernels compile)",
+        B, H, str(dtype).removeprefix("torch."), ", ".join(lp.name for lp in loops),
+    )  # fmt: skip
     times: dict = {}
     f = _tuning_buffers(B, H, dtype, device)
     fwd = _fastest(loops, True, f, B, H, times)
@@ -310,60 +310,31 @@ def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
              T_TUNE, choice.times)  # fmt: skip
 
 
-# ---- the on-disk cache of winners
+# ---- the choice on disk (app/model/gpu_choice_cache.py)
 
 
-def _cache_path() -> Path:
-    base = os.environ.get("MLSTM_CACHE_DIR") or Path.home() / ".cache" / "mlstm-ds"
-    return Path(base) / "gpu_loops.json"
-
-
-def _disk_key(B: int, H: int, dtype: torch.dtype, device) -> str:
-    import triton
-
-    src = b"".join(Path(f).read_bytes() for f in (gpu_loops.__file__, _k_module().__file__, __file__))
-    code = hashlib.sha256(src).hexdigest()[:16]
-    name = torch.cuda.get_device_name(device)
-    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|{code}|B{B} H{H} {dtype}"
-
-
-def _k_module():
+def _code_files() -> tuple[str, ...]:
     from app.model import triton_kernels
 
-    return triton_kernels
+    return gpu_loops.__file__, triton_kernels.__file__, __file__
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
-    if gpu_loops.interpreting():
+    entry = gpu_choice_cache.load(B, H, dtype, device, _code_files())
+    if entry is None:
         return None
     try:
-        entry = json.loads(_cache_path().read_text()).get(_disk_key(B, H, dtype, device))
         loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
         bwd = loops[entry["bwd"]] if entry["bwd"] is not None else None
         choice = Choice(loops[entry["fwd"]], bwd, entry["python"], {"cached": True})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no cache, or nothing for this shape: time it
-    if backward and bwd is None:
-        return None
-    return choice
+    except (KeyError, TypeError):
+        return None  # an entry of another shape of the file: time it
+    return None if backward and bwd is None else choice
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
-    if gpu_loops.interpreting() or "forced" in choice.times:
+    if "forced" in choice.times:
         return
-    path = _cache_path()
-    try:
-        data = json.loads(path.read_text()) if path.exists() else {}
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
     bwd = choice.bwd.name if choice.bwd is not None else None
-    data[_disk_key(B, H, dtype, device)] = {"fwd": choice.fwd.name, "bwd": bwd, "python": choice.python}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError as e:  # a read-only home: the choice holds for this process only
-        log.warning("could not write the GPU loop cache %s: %s", path, e)
+    entry = {"fwd": choice.fwd.name, "bwd": bwd, "python": choice.python}
+    gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry)
