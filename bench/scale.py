@@ -9,7 +9,7 @@ workers (the ``--one-worker-size`` one also with 1 worker) by ``python -m data_p
 process, while the peak memory of its whole process tree is sampled from /proc (the RSS sum, which
 counts pages shared by the forked workers once per process, and the PSS sum, which counts them once). Corpora
 and outputs are deleted afterwards. On the largest prepared set the trainer's start-up is timed in a
-fresh process: ``load_prepared``, ``TokenStore`` and one epoch plan of ``app.training.batching.BucketSchedule``.
+fresh process: ``load_prepared``, ``TokenStore`` and one epoch plan of ``app.batching.buckets.BucketSchedule``.
 
 ``cpu_s`` is the CPU time of the whole process tree; ``cpu_1w_vs_nw`` compares it between 1 and N
 workers (the work added by parallelism), which still means something when other jobs share the cores.
@@ -187,9 +187,9 @@ import numpy as np, torch  # noqa: F401  (the trainer has these loaded before it
 import datasets  # noqa: F401
 from data_prep.format import load_prepared
 try:
-    from app.training.batching import BucketSchedule, TokenStore
+    from app.batching.buckets import BucketSchedule, TokenStore
 except Exception as exc:
-    print(json.dumps({"error": f"app.training.batching: {exc}"})); sys.exit(0)
+    print(json.dumps({"error": f"app.batching.buckets: {exc}"})); sys.exit(0)
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 base = rss()

@@ -97,10 +97,10 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, clock=None) ->
     tokens/s each step would have with its time loops taking no time."""
     import torch
 
+    from app.batching.buckets import BucketSchedule, TokenStore, collate
     from app.model.config import ModelConfig
     from app.model.loss import token_loss
     from app.parallel.pipeline import build_sequential
-    from app.training.batching import BucketSchedule, TokenStore, collate
     from app.training.schedule import lr_multiplier
     from data_prep.format import load_prepared
 

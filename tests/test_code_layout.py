@@ -4,7 +4,7 @@ Layers, bottom to top; a module imports only from lower layers or from its own f
     0 app.common
     1 app.model, data_prep (a sibling tool: it may use app.common only)
     2 app.parallel
-    3 app.checkpoints
+    3 app.checkpoints, app.batching (a prepared split as batches: the trainer's and the evaluator's)
     4 app.generation (the trainer samples text at each validation)
     5 app.training, app.probing
     6 the entry points app/train.py, evaluate.py, generate.py, export.py, transfer.py, plot.py
@@ -23,6 +23,7 @@ LAYERS = {
     "data_prep": 1,
     "app.parallel": 2,
     "app.checkpoints": 3,
+    "app.batching": 3,
     "app.generation": 4,
     "app.training": 5,
     "app.probing": 5,

@@ -1,9 +1,9 @@
 """app/training/evaluation.py: a full evaluation also gives the figure of a capped (periodic) one."""
 
 import pytest
-from test_training_batching import BOUNDS, make_split
+from test_batching_buckets import BOUNDS, make_split
 
-from app.training.batching import BucketSchedule, TokenStore
+from app.batching.buckets import BucketSchedule, TokenStore
 from app.training.evaluation import evaluate
 
 

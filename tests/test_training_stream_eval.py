@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.batching.buckets import TokenStore
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
-from app.training.batching import TokenStore
 from app.training.evaluator import text_store
 from app.training.stream_eval import split_documents, stream_nats
 from data_prep.tokenizer import ByteTokenizer

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from app.batching.buckets import BucketSchedule, TokenStore
+from app.batching.run_data import open_prepared
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
@@ -23,13 +25,11 @@ from app.generation.decoder import Decoder
 from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
-from app.training.batching import BucketSchedule, TokenStore
 from app.training.cache_eval import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.training.compressors import compressed_bits_per_byte
 from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
 from app.training.eval_config import EvalConfig
 from app.training.evaluation import EvalResult, evaluate
-from app.training.run_data import open_prepared
 from app.training.stream_eval import STREAM_COLUMNS, split_documents, stream_fields, stream_nats
 
 

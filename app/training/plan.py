@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from app.batching.run_data import RunData
 from app.checkpoints.dir_kind import check_data_dir
 from app.common.errors import UserError
 from app.common.redact import redact_secrets
@@ -27,7 +28,6 @@ from app.parallel.layout import (
     resolve_layout,
 )
 from app.training.config import TrainConfig
-from app.training.run_data import RunData
 
 
 @dataclass(slots=True)

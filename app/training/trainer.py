@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from app.batching.buckets import collate
 from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
 from app.checkpoints import universal
@@ -47,7 +48,6 @@ from app.parallel.runtime import (
 )
 from app.training import carry_state
 from app.training.artifacts import log_model_artifact
-from app.training.batching import collate
 from app.training.config import TrainConfig
 from app.training.evaluation import evaluate
 from app.training.metrics import StepLogger, StepStats
