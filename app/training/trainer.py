@@ -34,6 +34,7 @@ from app.common.errors import set_log_dir
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
 from app.common.version import code_version
+from app.evaluation.held_out import evaluate
 from app.model.config import flops_per_token
 from app.parallel.engine import Engine
 from app.parallel.gather import gather_full_state
@@ -49,7 +50,6 @@ from app.parallel.runtime import (
 from app.training import carry_state
 from app.training.artifacts import log_model_artifact
 from app.training.config import TrainConfig
-from app.training.evaluation import evaluate
 from app.training.metrics import StepLogger, StepStats
 from app.training.peak_flops import mfu_peak
 from app.training.plan import open_inputs, plan_run
