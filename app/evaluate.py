@@ -12,20 +12,20 @@ tokenizer, EOS appended, cut into --text-chunk-len pieces each read from a fresh
 bits/byte = (summed cross-entropy in nats, EOS included) / ln 2 / (the file's size in bytes), printed
 beside what gzip -9, bzip2 -9 and xz -9 achieve on the same bytes (8 * compressed size / size). Beside
 it, "stream bits/byte" reads each file as ONE stream, the recurrent state carried from piece to piece
-(rank 0, one plain model; app/training/stream_eval.py), so every token is predicted from the whole file
+(rank 0, one plain model; app/evaluation/stream.py), so every token is predicted from the whole file
 before it, as in generation (--no-stream leaves it out). The split gets the same column: each of its
 documents (its chunks, consecutive examples in data_prep's order) read as one stream.
 
 --dynamic (one process): each split row / --text file is also read in order, --dyn-segment tokens at a
 time with the state carried, the weights adapting after each scored segment (Krause et al. 2018; see
-app/training/dynamic_eval.py); the table adds bits/byte with the state carried and static weights
+app/evaluation/dynamic.py); the table adds bits/byte with the state carried and static weights
 ("static carried"), dynamically ("dynamic") and the gain over the static figure. Several --dyn-lr step
 sizes (the default: 3e-4 1e-3 3e-3) each adapt a learner from the trained weights; "dynamic" is their
 Bayesian mixture (within ln K nats of the best one for the text, chosen as it is read), and the JSON's
 dynamic_by_lr has each learner's figure and final weight. K step sizes take K times as long as one.
 
 --cache (rank 0): each split document / --text file is also read as one stream with a neural cache (Grave
-et al. 2017; app/training/cache_eval.py): no weight changes, each token predicted by the model mixed with
+et al. 2017; app/evaluation/cache.py): no weight changes, each token predicted by the model mixed with
 the tokens that followed the --cache-window earlier states most like the current one. "cache" is the
 Bayesian mixture of the --cache-lambda x --cache-theta grid (cache_by_setting in the JSON), with its gain
 over the static figure.
@@ -44,7 +44,7 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: impo
 from app.common.cli import parse_config
 from app.common.errors import exit_on_user_error
 from app.common.logs import setup_logging
-from app.training.eval_config import EvalConfig
+from app.evaluation.config import EvalConfig
 
 
 def parse_args(argv: list[str] | None) -> EvalConfig:
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     log = setup_logging(cfg.verbose)
-    from app.training.evaluator import Evaluator  # DeepSpeed is imported only for a valid request
+    from app.evaluation.evaluator import Evaluator  # DeepSpeed is imported only for a valid request
 
     evaluator = Evaluator(cfg)
     evaluator.setup()

@@ -36,14 +36,18 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--embed", type=int, default=256)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=args.vocab, embed_dim=args.embed, hidden_dim=args.hidden, num_layers=args.layers
@@ -78,20 +82,29 @@ def main() -> None:
         dec.prefill(prompt(2048), torch.tensor([2048])),
     )
 
-    per_tok: dict[str, list[float]] = {"128": [], "2048": []}
-    seq_s, step_s, gen_s = [], [], []
+    measurements = {  # timed side by side in every repeat
+        "sequence": lambda: dec.prefill(p256, n256),
+        "stepwise": lambda: stepwise(p256),
+        "new_256": lambda: decode(state512, logits512, 256),
+    }
+    times: dict[str, list[float]] = {name: [] for name in [*measurements, "128", "2048"]}
     n_side = 32
     for rep in range(args.repeats):
-        seq_s.append(timed(lambda: dec.prefill(p256, n256)))
-        step_s.append(timed(lambda: stepwise(p256)))
-        gen_s.append(timed(lambda: decode(state512, logits512, 256)))
+        for name, fn in measurements.items():
+            times[name].append(timed(fn))
         for _ in range(2):  # per-token cost after 128 vs 2048 prompt tokens, alternating which goes first
             order = [("128", short), ("2048", long_)]
             for key, (lg, st) in order if (rep + _) % 2 == 0 else order[::-1]:
-                per_tok[key].append(timed(lambda lg=lg, st=st: decode(st, lg, n_side)) / n_side)
+                times[key].append(timed(lambda lg=lg, st=st: decode(st, lg, n_side)) / n_side)
 
+    report(args, times, max_diff, prefill512)
+
+
+def report(args, times: dict[str, list[float]], max_diff: float, prefill512: float) -> None:
+    """The medians over the repeats, three summary lines, and the JSON line last."""
     med = statistics.median
-    t128, t2048 = med(per_tok["128"]), med(per_tok["2048"])
+    seq_s, step_s, gen_s = times["sequence"], times["stepwise"], times["new_256"]
+    t128, t2048 = med(times["128"]), med(times["2048"])
     res = {
         "bench": "generate",
         "model": {"hidden": args.hidden, "embed": args.embed, "layers": args.layers, "vocab": args.vocab},

@@ -261,7 +261,7 @@ def target_for(budget: float | None) -> str:
     return "bzip2 -9" if budget is not None and budget >= 10 else "gzip -9"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", default="10", help="comma list of training budgets in minutes")
     ap.add_argument(
@@ -298,8 +298,8 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="name suffix of the runs (tuning: one workdir, many configs)")
     ap.add_argument("--port", type=int, default=29650)
     args = ap.parse_args()
-    corpora = [c for c in args.corpora.split(",") if c]
-    for c in corpora:
+    args.corpus_list = [c for c in args.corpora.split(",") if c]
+    for c in args.corpus_list:
         if c not in CORPORA:
             ap.error(f"--corpora: {c!r} is not one of {', '.join(CORPORA)}")
     try:
@@ -308,11 +308,76 @@ def main() -> None:
             budgets = [args.minutes]
     except ValueError:
         ap.error(f"--budgets: expected minutes separated by commas, got {args.budgets!r}")
-    carries = [c == "on" for c in args.carry.split(",") if c]
-    if not carries or any(c not in ("off", "on") for c in args.carry.split(",") if c):
+    args.budget_list = budgets
+    args.carries = [c == "on" for c in args.carry.split(",") if c]
+    if not args.carries or any(c not in ("off", "on") for c in args.carry.split(",") if c):
         ap.error(f"--carry: expected off, on or off,on, got {args.carry!r}")
-    if "botchan" in corpora and not BOTCHAN.is_file():
+    if "botchan" in args.corpus_list and not BOTCHAN.is_file():
         ap.error(f"--corpora botchan: {BOTCHAN} is missing")
+    return args
+
+
+def measure(args, corpus: str, data: Path, held: Path, budget: float | None, carry: bool, meta: dict) -> dict:
+    """One (corpus, budget, carry) point: train on `data` (prepared: `meta`), read the run's figures, score
+    the held-out text (unless --no-score) against the target; its line printed as it ends."""
+    base = data.parent
+    name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + ("-carry" if carry else "")
+    name += args.tag
+    out = base / name
+    wall = train(data, out, args, budget, args.port, carry)
+    row = {
+        "corpus": corpus,
+        "budget_min": budget,
+        "carry_state": carry,
+        **train_figures(out),
+        "launch_wall_s": round(wall, 1),
+        "tokenizer": f"{meta['tokenizer']['type']} {meta['tokenizer']['vocab_size']}",
+        "bytes_per_token": meta["splits"]["train"]["bytes"] / meta["splits"]["train"]["tokens"],
+    }
+    if args.no_score:
+        print(f"{corpus:9s} {name:12s} {row['steps']} steps, {row['tokens_per_s']:.0f} tok/s", flush=True)
+        return row
+    row |= held_out_figures(score(out, held, args.port + 1, args.dynamic), budget, args.dynamic)
+    print(
+        f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte "
+        f"(stream {row['stream_bits_per_byte']:.3f}, cache {row['cache_bits_per_byte']:.3f}) | gzip {row['gzip -9']:.3f} "
+        f"bzip2 {row['bzip2 -9']:.3f} xz {row['xz -9']:.3f} | {row['steps']} steps, "
+        f"{row['tokens_per_s']:.0f} tok/s, mfu {row['mfu']:.3f} | target {row['target']}: "
+        f"{'met' if row['target_met'] else 'MISSED'}"
+        + (
+            f" | dynamic {row['dynamic_bpb']:.3f}: {'met' if row['target_met_dynamic'] else 'MISSED'}"
+            if args.dynamic
+            else ""
+        ),
+        flush=True,
+    )
+    return row
+
+
+def held_out_figures(ev: dict, budget: float | None, dynamic: bool) -> dict:
+    """evaluate.py's figures of the held-out text, beside the compressors', and whether the target is met."""
+    row = {
+        "heldout_bytes": ev["bytes"],
+        "bits_per_byte": ev["bits/byte"],
+        "stream_bits_per_byte": ev.get("stream bits/byte"),
+        "cache_bits_per_byte": ev["cache"],
+        "cache_tokens_per_s": ev["cache_tokens_per_s"],
+        "gzip -9": ev["gzip -9"],
+        "bzip2 -9": ev["bzip2 -9"],
+        "xz -9": ev["xz -9"],
+    }
+    if dynamic:
+        row |= {"static_carried_bpb": ev["static carried"], "dynamic_bpb": ev["dynamic"]}
+    tgt = target_for(budget)
+    row["target"] = f"below {tgt}"
+    row["target_met"] = row["bits_per_byte"] < row[tgt]
+    if dynamic:
+        row["target_met_dynamic"] = row["dynamic_bpb"] < row[tgt]
+    return row
+
+
+def main() -> None:
+    args = parse_args()
 
     import tempfile
 
@@ -325,71 +390,17 @@ def main() -> None:
     else:
         work = args.workdir.resolve()
     prep_args = shlex.split(args.prep_args)
-    quick_prep, _ = quickstart_commands(budgets[0], args.steps)
+    quick_prep, _ = quickstart_commands(args.budget_list[0], args.steps)
     # one prepared directory per data_prep command (a workdir can hold several tuning variants)
     prep_key = "prep_" + hashlib.sha256(shlex.join([*quick_prep, *prep_args]).encode()).hexdigest()[:8]
+    plan = [(b, c) for b in args.budget_list for c in args.carries]
     results = []
-    for corpus in corpora:
-        base = work / corpus
-        inp, held = materialize(corpus, base)
-        data = base / prep_key
+    for corpus in args.corpus_list:
+        inp, held = materialize(corpus, work / corpus)
+        data = work / corpus / prep_key
         prepare(inp, data, quick_prep, prep_args)
         meta = json.loads((data / "meta.json").read_text())
-        for budget, carry in ((b, c) for b in budgets for c in carries):
-            name = (f"steps{args.steps}" if budget is None else f"budget{budget:g}m") + (
-                "-carry" if carry else ""
-            )
-            name += args.tag
-            out = base / name
-            wall = train(data, out, args, budget, args.port, carry)
-            row = {
-                "corpus": corpus,
-                "budget_min": budget,
-                "carry_state": carry,
-                **train_figures(out),
-                "launch_wall_s": round(wall, 1),
-                "tokenizer": f"{meta['tokenizer']['type']} {meta['tokenizer']['vocab_size']}",
-                "bytes_per_token": meta["splits"]["train"]["bytes"] / meta["splits"]["train"]["tokens"],
-            }
-            if args.no_score:
-                results.append(row)
-                print(
-                    f"{corpus:9s} {name:12s} {row['steps']} steps, {row['tokens_per_s']:.0f} tok/s",
-                    flush=True,
-                )
-                continue
-            ev = score(out, held, args.port + 1, args.dynamic)
-            row |= {
-                "heldout_bytes": ev["bytes"],
-                "bits_per_byte": ev["bits/byte"],
-                "stream_bits_per_byte": ev.get("stream bits/byte"),
-                "cache_bits_per_byte": ev["cache"],
-                "cache_tokens_per_s": ev["cache_tokens_per_s"],
-                "gzip -9": ev["gzip -9"],
-                "bzip2 -9": ev["bzip2 -9"],
-                "xz -9": ev["xz -9"],
-            }
-            if args.dynamic:
-                row |= {"static_carried_bpb": ev["static carried"], "dynamic_bpb": ev["dynamic"]}
-            tgt = target_for(budget)
-            row["target"] = f"below {tgt}"
-            row["target_met"] = row["bits_per_byte"] < row[tgt]
-            if args.dynamic:
-                row["target_met_dynamic"] = row["dynamic_bpb"] < row[tgt]
-            results.append(row)
-            print(
-                f"{corpus:9s} {name:12s} held-out {row['bits_per_byte']:.3f} bits/byte "
-                f"(stream {row['stream_bits_per_byte']:.3f}, cache {row['cache_bits_per_byte']:.3f}) | gzip {row['gzip -9']:.3f} "
-                f"bzip2 {row['bzip2 -9']:.3f} xz {row['xz -9']:.3f} | {row['steps']} steps, "
-                f"{row['tokens_per_s']:.0f} tok/s, mfu {row['mfu']:.3f} | target {row['target']}: "
-                f"{'met' if row['target_met'] else 'MISSED'}"
-                + (
-                    f" | dynamic {row['dynamic_bpb']:.3f}: {'met' if row['target_met_dynamic'] else 'MISSED'}"
-                    if args.dynamic
-                    else ""
-                ),
-                flush=True,
-            )
+        results += [measure(args, corpus, data, held, budget, carry, meta) for budget, carry in plan]
     load = os.getloadavg()
     print(json.dumps({"results": results, "loadavg_end": [round(x, 2) for x in load], "workdir": str(work)}))
     if tmp is not None:

@@ -110,8 +110,8 @@ def _heldout_bits_per_byte(model, ids, num_bytes: int, bos: int, pad: int, devic
     """evaluate.py --text: pieces of TEXT_CHUNK tokens, each after BOS from a zero state."""
     import torch
 
+    from app.batching.buckets import shifted_batch
     from app.model.loss import IGNORE_INDEX
-    from app.training.batching import shifted_batch
 
     pieces = [ids[i : i + TEXT_CHUNK] for i in range(0, len(ids), TEXT_CHUNK)]
     nats = 0.0
@@ -131,8 +131,8 @@ def _heldout_bits_per_byte(model, ids, num_bytes: int, bos: int, pad: int, devic
 def _split_bits_per_byte(model, store, bounds, bos: int, pad: int, device) -> float:
     import torch
 
+    from app.batching.buckets import BucketSchedule, collate
     from app.model.loss import token_loss
-    from app.training.batching import BucketSchedule, collate
 
     sched = BucketSchedule(
         store, bounds, micro_batch=32, grad_accum=1, data_parallel=1, seed=0, shuffle=False
@@ -154,9 +154,9 @@ def run_job(job: dict, pack_dir: str, device: str, threads: int) -> dict:
     import numpy as np
     import torch
 
+    from app.batching.buckets import BucketSchedule, TokenStore, collate
     from app.model.lm import LanguageModel
     from app.model.loss import token_loss
-    from app.training.batching import BucketSchedule, TokenStore, collate
     from app.training.schedule import lr_multiplier
 
     torch.set_num_threads(threads)

@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.training.batching import BucketSchedule, MicroBatch, TokenStore  # noqa: E402
+from app.batching.buckets import BucketSchedule, MicroBatch, TokenStore  # noqa: E402
 
 BOUNDS = [2, 4, 6, 8, 10, 12, 14, 16]
 SEED = 1234

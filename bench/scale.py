@@ -9,7 +9,7 @@ workers (the ``--one-worker-size`` one also with 1 worker) by ``python -m data_p
 process, while the peak memory of its whole process tree is sampled from /proc (the RSS sum, which
 counts pages shared by the forked workers once per process, and the PSS sum, which counts them once). Corpora
 and outputs are deleted afterwards. On the largest prepared set the trainer's start-up is timed in a
-fresh process: ``load_prepared``, ``TokenStore`` and one epoch plan of ``app.training.batching.BucketSchedule``.
+fresh process: ``load_prepared``, ``TokenStore`` and one epoch plan of ``app.batching.buckets.BucketSchedule``.
 
 ``cpu_s`` is the CPU time of the whole process tree; ``cpu_1w_vs_nw`` compares it between 1 and N
 workers (the work added by parallelism), which still means something when other jobs share the cores.
@@ -187,9 +187,9 @@ import numpy as np, torch  # noqa: F401  (the trainer has these loaded before it
 import datasets  # noqa: F401
 from data_prep.format import load_prepared
 try:
-    from app.training.batching import BucketSchedule, TokenStore
+    from app.batching.buckets import BucketSchedule, TokenStore
 except Exception as exc:
-    print(json.dumps({"error": f"app.training.batching: {exc}"})); sys.exit(0)
+    print(json.dumps({"error": f"app.batching.buckets: {exc}"})); sys.exit(0)
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 base = rss()
@@ -212,7 +212,7 @@ def trainer_startup(prepared: Path) -> dict:
     return json.loads(r["stdout"].strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="0.25,1,4", help="corpus sizes in GB, comma-separated")
     p.add_argument("--num-proc", type=int, default=2)
@@ -234,8 +234,59 @@ def main() -> None:
         help="1-worker vs N-worker runs of the --one-worker-size corpus, interleaved (median reported)",
     )
     args = p.parse_args()
-    sizes = [float(x) for x in args.sizes.split(",")]
-    one = args.one_worker_size if args.one_worker_size is not None else sizes[len(sizes) // 2]
+    args.size_list = [float(x) for x in args.sizes.split(",")]
+    sizes = args.size_list
+    args.one = args.one_worker_size if args.one_worker_size is not None else sizes[len(sizes) // 2]
+    return args
+
+
+def worker_plan(gb: float, args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(workers, round) runs of the corpus of `gb`: --num-proc workers, and at --one-worker-size also one
+    worker, interleaved so slow phases of a shared machine hit both."""
+    if gb != args.one or args.num_proc == 1:
+        return [(args.num_proc, 0)]
+    return [
+        pair
+        for r in range(args.speedup_rounds)
+        for pair in ([(args.num_proc, r), (1, r)] if r % 2 == 0 else [(1, r), (args.num_proc, r)])
+    ]
+
+
+def disk_shortfall(gb: float, args: argparse.Namespace, work: Path) -> dict | None:
+    """A size the disk in `work` cannot hold (the corpus and one output at a time: the output is at most
+    1.5x the text with SentencePiece, 4.5x with bytes): its entry, printed; None when it fits."""
+    need = gb * 1e9 * (1 + (4.5 if args.tokenizer == "byte" else 1.5)) + 1e9
+    free = shutil.disk_usage(work).free
+    if free >= need:
+        return None
+    short = {"size_gb": gb, "unavailable": f"needs ~{need / 1e9:.0f} GB free in {work}, has {free / 1e9:.0f}"}
+    print(json.dumps(short), file=sys.stderr, flush=True)
+    return short
+
+
+def measure_size(gb: float, args: argparse.Namespace, work: Path, runs: list[dict]) -> dict | None:
+    """Generate the corpus of `gb` and prepare it per `worker_plan` (a run each appended to `runs`); corpus
+    and outputs deleted after -> the trainer's start-up figures when this is the largest size, else None."""
+    corpus = work / f"corpus-{gb}"
+    t0 = time.perf_counter()
+    made = make_corpus(corpus, gb)
+    print(f"generated {made / 1e9:.2f} GB in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    startup = None
+    for workers, rnd in worker_plan(gb, args):
+        out = work / f"out-{gb}-{workers}"
+        r = {"size_gb": gb, "round": rnd, **prep(corpus, out, workers, args)}
+        runs.append(r)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        if gb == args.size_list[-1] and workers == args.num_proc and rnd == 0:
+            startup = trainer_startup(out)
+            print(json.dumps({"trainer_startup": startup}), file=sys.stderr, flush=True)
+        shutil.rmtree(out)
+    shutil.rmtree(corpus)
+    return startup
+
+
+def main() -> None:
+    args = parse_args()
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.workdir))
@@ -243,51 +294,22 @@ def main() -> None:
     skipped: list[dict] = []
     startup: dict = {}
     try:
-        for gb in sizes:
-            # corpus, one output at a time (output <= 1.5x the text with SentencePiece, 4.5x with bytes)
-            need = gb * 1e9 * (1 + (4.5 if args.tokenizer == "byte" else 1.5)) + 1e9
-            free = shutil.disk_usage(work).free
-            if free < need:
-                skipped.append(
-                    {
-                        "size_gb": gb,
-                        "unavailable": f"needs ~{need / 1e9:.0f} GB free in {work}, has {free / 1e9:.0f}",
-                    }
-                )
-                print(json.dumps(skipped[-1]), file=sys.stderr, flush=True)
-                continue
-            corpus = work / f"corpus-{gb}"
-            t0 = time.perf_counter()
-            made = make_corpus(corpus, gb)
-            print(
-                f"generated {made / 1e9:.2f} GB in {time.perf_counter() - t0:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-            plan = [(args.num_proc, 0)]
-            if gb == one and args.num_proc != 1:  # interleaved, so slow phases of a shared machine hit both
-                plan = [
-                    pair
-                    for r in range(args.speedup_rounds)
-                    for pair in ([(args.num_proc, r), (1, r)] if r % 2 == 0 else [(1, r), (args.num_proc, r)])
-                ]
-            for workers, rnd in plan:
-                out = work / f"out-{gb}-{workers}"
-                r = {"size_gb": gb, "round": rnd, **prep(corpus, out, workers, args)}
-                runs.append(r)
-                print(json.dumps(r), file=sys.stderr, flush=True)
-                if gb == sizes[-1] and workers == args.num_proc and rnd == 0:
-                    startup = trainer_startup(out)
-                    print(json.dumps({"trainer_startup": startup}), file=sys.stderr, flush=True)
-                shutil.rmtree(out)
-            shutil.rmtree(corpus)
+        for gb in args.size_list:
+            if (short := disk_shortfall(gb, args, work)) is not None:
+                skipped.append(short)
+            elif (timed := measure_size(gb, args, work, runs)) is not None:
+                startup = timed
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(summary(args, runs, skipped, startup)))
 
+
+def summary(args: argparse.Namespace, runs: list[dict], skipped: list[dict], startup: dict) -> dict:
+    """Smallest vs largest size, 1 vs N workers, against the targets (or the sizes that could not run)."""
     main_runs = [r for r in runs if r["workers"] == args.num_proc and r["round"] == 0]
     if not main_runs:
-        print(json.dumps({"unavailable": skipped}))
-        return
+        return {"unavailable": skipped}
+    one = args.one
     small, large = main_runs[0], main_runs[-1]
     result: dict = {
         "tokenizer": args.tokenizer,
@@ -328,7 +350,7 @@ def main() -> None:
         if "error" not in startup
         else None,
     }
-    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,10 +98,10 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, clock=None) ->
     tokens/s each step would have with its time loops taking no time."""
     import torch
 
+    from app.batching.buckets import BucketSchedule, TokenStore, collate
     from app.model.config import ModelConfig
     from app.model.loss import token_loss
     from app.parallel.pipeline import build_sequential
-    from app.training.batching import BucketSchedule, TokenStore, collate
     from app.training.schedule import lr_multiplier
     from data_prep.format import load_prepared
 
@@ -139,16 +140,7 @@ def _plain_run(data: Path, model: dict, ds_cfg: dict, steps: int, clock=None) ->
     return tps[1:], outside[1:]
 
 
-def main() -> None:
-    if "--device" in sys.argv:  # `--device cuda`: the one-GPU benchmark (bench/train_gpu.py), its own flags
-        i = sys.argv.index("--device")
-        if sys.argv[i + 1 : i + 2] == ["cuda"]:
-            del sys.argv[i : i + 2]
-            sys.path.insert(0, str(Path(__file__).parent))
-            import train_gpu
-
-            return train_gpu.main()
-        del sys.argv[i : i + 2]  # --device cpu: this benchmark
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of the three runs")
@@ -163,82 +155,148 @@ def main() -> None:
     )
     ap.add_argument("--runs", default="ds_p1,plain,ds_p2", help="comma list of: ds_p1, plain, ds_p2, bound")
     args = ap.parse_args()
-    cores, runs = args.core.split(","), args.runs.split(",")
-    for c in cores:
+    args.cores, args.runs = args.core.split(","), args.runs.split(",")
+    for c in args.cores:
         if c not in ("auto", "fused", "python"):
             ap.error(f"--core: {c!r} is not one of auto, fused, python")
-    for r in runs:
-        if r not in ("ds_p1", "plain", "ds_p2", "bound"):
+    for r in args.runs:
+        if r not in MEASUREMENTS:
             ap.error(f"--runs: {r!r} is not one of ds_p1, plain, ds_p2, bound")
-    if "bound" in runs and not {"fused", "python"} <= set(cores):
+    if "bound" in args.runs and not {"fused", "python"} <= set(args.cores):
         ap.error("--runs bound compares the cores: give --core fused,python")
-    model_of = {c: {**args.model, "core": c} for c in cores}
+    return args
+
+
+@dataclass
+class Bench:
+    """What every measurement shares: the flags, the prepared data and configs in `tmp`, and the samples
+    (tokens/s of every step after each run's first) gathered so far under each measurement's name."""
+
+    args: argparse.Namespace
+    tmp: Path
+    ds_cfg: dict
+    samples: dict[str, list[float]]
+    unavailable: dict[str, str] = field(default_factory=dict)  # a core this machine cannot run (no compiler)
+
+    @property
+    def cores(self) -> list[str]:
+        return self.args.cores
+
+    def model(self, core: str) -> dict:
+        return {**self.args.model, "core": core}
+
+    def deepspeed(self, nprocs: int, stages: int, rnd: int, core: str) -> list[float]:
+        out = self.tmp / f"run{stages}_{core}_{rnd}"
+        files = (self.tmp / "data", self.tmp / "ds.json", self.tmp / f"model_{core}.json", out)
+        return ds_run(nprocs, stages, *files, self.args.steps, self.args.threads)
+
+    def plain(self, core: str) -> list[float]:
+        return plain_run(self.tmp / "data", self.model(core), self.ds_cfg, self.args.steps, self.args.threads)
+
+
+def set_up(args: argparse.Namespace, tmp: Path) -> Bench:
+    """Prepared data, the DeepSpeed JSON at --micro-batch / --grad-accum, one model JSON per core."""
+    prep(tmp / "data")
+    ds_cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
+    ds_cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
+    ds_cfg["gradient_accumulation_steps"] = args.grad_accum
+    (tmp / "ds.json").write_text(json.dumps(ds_cfg))
+    bench = Bench(args, tmp, ds_cfg, {f"ds_p1_{c}": [] for c in args.cores} | {"plain": [], "ds_p2": []})
+    bench.samples |= {"bound_fused": [], "bound_outside": [], "bound_python": []}
+    for c in args.cores:
+        (tmp / f"model_{c}.json").write_text(json.dumps(bench.model(c)))
+    return bench
+
+
+def measure_ds_p1(bench: Bench, rnd: int) -> None:
+    """1. DeepSpeed, P = 1, one process, with each core (one the machine cannot run is reported)."""
+    for c in bench.cores:
+        if c in bench.unavailable:
+            continue
+        try:
+            bench.samples[f"ds_p1_{c}"] += bench.deepspeed(1, 1, rnd, c)
+        except RuntimeError as e:
+            if len(bench.cores) == 1:
+                sys.exit(str(e))
+            bench.unavailable[c] = str(e).strip().splitlines()[-1][:300]
+
+
+def measure_plain(bench: Bench, rnd: int) -> None:
+    """2. The plain-PyTorch loop, first core."""
+    bench.samples["plain"] += bench.plain(bench.cores[0])
+
+
+def measure_ds_p2(bench: Bench, rnd: int) -> None:
+    """3. DeepSpeed, P = 2 on two processes, first core."""
+    bench.samples["ds_p2"] += bench.deepspeed(2, 2, rnd, bench.cores[0])
+
+
+def measure_bound(bench: Bench, rnd: int) -> None:
+    """The plain loop with the fused core, its time loops timed, then with the python core."""
+    if "fused" in bench.unavailable:
+        return
+    args = bench.args
+    try:
+        f, o = bound_run(bench.tmp / "data", args.model, bench.ds_cfg, args.steps, args.threads)
+    except RuntimeError as e:  # no compiler here: reported, not a crash
+        bench.unavailable["fused"] = str(e).strip().splitlines()[-1][:300]
+        return
+    bench.samples["bound_fused"] += f
+    bench.samples["bound_outside"] += o
+    bench.samples["bound_python"] += bench.plain("python")
+
+
+# in this order within a round; the rounds interleave them, so machine noise hits all alike
+MEASUREMENTS = {
+    "ds_p1": measure_ds_p1,
+    "plain": measure_plain,
+    "ds_p2": measure_ds_p2,
+    "bound": measure_bound,
+}
+
+
+def main() -> None:
+    if "--device" in sys.argv:  # `--device cuda`: the one-GPU benchmark (bench/train_gpu.py), its own flags
+        i = sys.argv.index("--device")
+        if sys.argv[i + 1 : i + 2] == ["cuda"]:
+            del sys.argv[i : i + 2]
+            sys.path.insert(0, str(Path(__file__).parent))
+            import train_gpu
+
+            return train_gpu.main()
+        del sys.argv[i : i + 2]  # --device cpu: this benchmark
+    args = parse_args()
+    plan = [name for name in MEASUREMENTS if name in args.runs]
 
     import torch
 
-    from app.model.config import ModelConfig, flops_per_token
     from app.training.peak_flops import measure_matmul_peak
 
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        prep(tmp / "data")
-        ds_cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
-        ds_cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
-        ds_cfg["gradient_accumulation_steps"] = args.grad_accum
-        (tmp / "ds.json").write_text(json.dumps(ds_cfg))
-        for c in cores:
-            (tmp / f"model_{c}.json").write_text(json.dumps(model_of[c]))
-        vocab = json.loads((tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
-
-        def run(nprocs: int, stages: int, rnd: int, core: str) -> list[float]:
-            out = tmp / f"run{stages}_{core}_{rnd}"
-            files = (tmp / "data", tmp / "ds.json", tmp / f"model_{core}.json", out)
-            return ds_run(nprocs, stages, *files, args.steps, args.threads)
-
-        samples: dict[str, list[float]] = {f"ds_p1_{c}": [] for c in cores} | {"plain": [], "ds_p2": []}
-        samples |= {"bound_fused": [], "bound_outside": [], "bound_python": []}
-        unavailable: dict[str, str] = {}  # a core this machine cannot run (e.g. fused without a compiler)
+        bench = set_up(args, Path(tmp))
         for rnd in range(args.rounds):
-            if "ds_p1" in runs:
-                for c in cores:
-                    if c in unavailable:
-                        continue
-                    try:
-                        samples[f"ds_p1_{c}"] += run(1, 1, rnd, c)
-                    except RuntimeError as e:
-                        if len(cores) == 1:
-                            sys.exit(str(e))
-                        unavailable[c] = str(e).strip().splitlines()[-1][:300]
-            try:  # runs 2 and 3 use the first core: without it there is nothing to compare
-                if "plain" in runs:
-                    samples["plain"] += plain_run(
-                        tmp / "data", model_of[cores[0]], ds_cfg, args.steps, args.threads
-                    )
-                if "ds_p2" in runs:
-                    samples["ds_p2"] += run(2, 2, rnd, cores[0])
-                if "bound" in runs and "fused" not in unavailable:
-                    try:
-                        f, o = bound_run(tmp / "data", args.model, ds_cfg, args.steps, args.threads)
-                    except RuntimeError as e:  # no compiler here: reported, not a crash
-                        unavailable["fused"] = str(e).strip().splitlines()[-1][:300]
-                    else:
-                        samples["bound_fused"] += f
-                        samples["bound_outside"] += o
-                        samples["bound_python"] += plain_run(
-                            tmp / "data", model_of["python"], ds_cfg, args.steps, args.threads
-                        )
-            except RuntimeError as e:
-                sys.exit(f"--core {cores[0]}: {e}")
-        med = {k: statistics.median(v) if v else None for k, v in samples.items()}
-        ds_p1, plain, ds_p2 = med[f"ds_p1_{cores[0]}"], med["plain"], med["ds_p2"]
+            for name in plan:
+                try:
+                    MEASUREMENTS[name](bench, rnd)
+                except RuntimeError as e:  # runs 2 and 3 use the first core: without it nothing compares
+                    sys.exit(f"--core {bench.cores[0]}: {e}")
+        vocab = json.loads((bench.tmp / "data" / "meta.json").read_text())["tokenizer"]["vocab_size"]
         # The split the P = 2 run used (--partition-method time: measured layer times) and its balance.
-        run2 = tmp / f"run2_{cores[0]}_0" / "config.json"
+        run2 = bench.tmp / f"run2_{bench.cores[0]}_0" / "config.json"
         resolved = json.loads(run2.read_text()) if run2.exists() else None
-
     torch.set_num_threads(args.threads)
     peak = measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=1.0)
-    model_cfg = ModelConfig(vocab_size=vocab, **args.model)
-    fpt = flops_per_token(model_cfg)
+    print(json.dumps(report(bench, vocab, resolved, peak)))
+
+
+def report(bench: Bench, vocab: int, resolved: dict | None, peak: float) -> dict:
+    """The medians and the ratios between them; MFU against `peak`, the measured fp32 matmul rate."""
+    from app.model.config import ModelConfig, flops_per_token
+
+    args, cores, samples, unavailable = bench.args, bench.cores, bench.samples, bench.unavailable
+    med = {k: statistics.median(v) if v else None for k, v in samples.items()}
+    ds_p1, plain, ds_p2 = med[f"ds_p1_{cores[0]}"], med["plain"], med["ds_p2"]
+    fpt = flops_per_token(ModelConfig(vocab_size=vocab, **args.model))
     P, M = 2, args.grad_accum
     ideal = P * M / (M + P - 1)
 
@@ -271,7 +329,7 @@ def main() -> None:
         # every step's ratio range, for the spread on a shared machine
         f, p = samples["ds_p1_fused"], samples["ds_p1_python"]
         result["fused_vs_python_min_max"] = [r(min(f) / max(p)), r(max(f) / min(p))]
-    if "bound" in runs and "fused" in unavailable:
+    if "bound" in args.runs and "fused" in unavailable:
         result["fused_vs_python_bound"] = f"unavailable: {unavailable['fused']}"
     elif samples["bound_fused"]:
         # The plain loop, in this process: fused / python there, and at most what it could be with the
@@ -293,7 +351,7 @@ def main() -> None:
         "mfu_ds_p1": r(div(fpt * ds_p1, peak) if ds_p1 else None),
         "mfu_ds_p2": r(div(fpt * ds_p2, 2 * peak) if ds_p2 else None),
     }
-    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Layout of ``--out``::
                          doc_id     int64        content hash of the source document (stable across runs)
                          A document longer than max_seq_len is consecutive rows of one split, its chunks
                          in order, sharing doc_id; only the last ends with EOS (what --carry-state and
-                         evaluate's split streams read back, app/training/carry_schedule.chains).
+                         evaluate's split streams read back, app/batching/carry_schedule.chains).
     tokenizer.model      SentencePiece model (absent for the byte tokenizer)
 
 ``split(name)`` memory-maps the shards (nothing is read until used) and adds the column

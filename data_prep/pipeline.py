@@ -396,6 +396,36 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
 def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     assert cfg.out is not None
     t_start = time.perf_counter()
+    srcs, inputs, manifest = _open(cfg)
+    t_scan = time.perf_counter()
+    scan, samples = _scan_or_resume(cfg, srcs, manifest)
+    scan_s = time.perf_counter() - t_scan
+    _check_kept(scan, srcs)
+    if "split_mode" not in scan:  # decided once; a resumed run reads it from the manifest
+        scan["empty_by_hash"] = _rescue(cfg, scan)
+    manifest["scan"] = scan
+    shards.save_manifest(cfg.out, manifest, inputs)
+    vocab_size = cfg.vocab_size or auto_vocab_size(scan["bytes"])
+    tok = _tokenizer(cfg, cfg.out, manifest, _tokenizer_sample(scan, samples), vocab_size)
+    del samples
+    encode_s, encode_cpu_s, main_cpu_s = _encode(cfg, srcs, manifest, scan, tok)
+    meta = _meta(cfg, srcs, scan, manifest, tok, scan["empty_by_hash"], command)
+    (cfg.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
+        "total_s": time.perf_counter() - t_start,
+        "scan_s": scan_s,
+        "encode_write_s": encode_s,
+        "encode_cpu_s": encode_cpu_s,
+        "encode_main_cpu_s": main_cpu_s,
+    }
+    return meta
+
+
+def _open(cfg: PrepConfig) -> tuple[sources.Sources, list[dict], dict[str, Any]]:
+    """The inputs resolved and fingerprinted, --out opened: a new run, or the manifest of the run it resumes
+    (refused, naming what changed, when the inputs or the settings differ) -> (sources, fingerprints,
+    manifest)."""
+    assert cfg.out is not None
     if cfg.tokenizer_model:
         _reuse_tokenizer(cfg)  # a bad model fails before any work
     srcs = sources.resolve(cfg)
@@ -407,16 +437,25 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
         _run_key(cfg, srcs, inputs),
         lambda: sources.describe_change(shards.read_inputs(out), inputs),
     )
-    samples = None
+    return srcs, inputs, manifest
+
+
+def _scan_or_resume(
+    cfg: PrepConfig, srcs: sources.Sources, manifest: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[_Sample, _Sample] | None]:
+    """Pass 1, or the scan a resumed run recorded -> (scan, the tokenizer samples: None when resumed). A
+    resumed SentencePiece run whose tokenizer was not saved yet scans again for its sample."""
     scan = manifest.get("scan")
-    t_scan = time.perf_counter()
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
-        scan, samples = _scan(cfg, srcs)
-    else:
-        log.info(
-            "resuming %s: the scan and %d finished shard group(s) are kept", out, len(manifest["groups"])
-        )
-    scan_s = time.perf_counter() - t_scan
+        return _scan(cfg, srcs)
+    log.info(
+        "resuming %s: the scan and %d finished shard group(s) are kept", cfg.out, len(manifest["groups"])
+    )
+    return scan, None
+
+
+def _check_kept(scan: dict[str, Any], srcs: sources.Sources) -> None:
+    """Refuse an input whose every record was skipped, with the count per reason."""
     if scan["kept"] == 0:
         names = srcs.names
         w = names[0] if len(names) == 1 else f"{len(names)} inputs"
@@ -425,21 +464,26 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
             + ", ".join(f"{r} {n}" for r, n in scan["skipped"].items() if n)
             + ")"
         )
-    if "split_mode" not in scan:  # decided once; a resumed run reads it from the manifest
-        scan["empty_by_hash"] = _rescue(cfg, scan)
-    empty_by_hash = scan["empty_by_hash"]
-    manifest["scan"] = scan
-    shards.save_manifest(out, manifest, inputs)
-    sample = None
-    if samples is not None:  # train documents only, unless the corpus is cut into segments
-        if scan["split_mode"] == "documents":
-            sample = samples[0].texts(drop={u for u, _ in scan["moves"]})
-        else:
-            sample = samples[1].texts()
-    vocab_size = cfg.vocab_size or auto_vocab_size(scan["bytes"])
-    tok = _tokenizer(cfg, out, manifest, sample, vocab_size)
-    del sample, samples
 
+
+def _tokenizer_sample(scan: dict[str, Any], samples: tuple[_Sample, _Sample] | None) -> list[str] | None:
+    """The texts SentencePiece trains on (None when resumed): train documents only, unless the corpus is cut
+    into segments."""
+    if samples is None:
+        return None
+    if scan["split_mode"] == "documents":
+        return samples[0].texts(drop={u for u, _ in scan["moves"]})
+    return samples[1].texts()
+
+
+def _encode(
+    cfg: PrepConfig, srcs: sources.Sources, manifest: dict[str, Any], scan: dict[str, Any], tok: Tokenizer
+) -> tuple[float, float, float]:
+    """Pass 2: encode the blocks after the finished shard groups in the workers and append them, in input
+    order, to shard groups; check the bytes encoded against the scan's -> (wall seconds, CPU seconds of the
+    whole process tree, CPU seconds of this process)."""
+    assert cfg.out is not None
+    out = cfg.out
     skip_blocks = shards.keep_finished(out, manifest)
     fn = EncodeFn(
         tok,
@@ -485,16 +529,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     log.info(
         "encoded in %.1f s (CPU %.1f s, %.1f s of it in the main process)", encode_s, encode_cpu_s, main_cpu_s
     )
-    meta = _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command)
-    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
-        "total_s": time.perf_counter() - t_start,
-        "scan_s": scan_s,
-        "encode_write_s": encode_s,
-        "encode_cpu_s": encode_cpu_s,
-        "encode_main_cpu_s": main_cpu_s,
-    }
-    return meta
+    return encode_s, encode_cpu_s, main_cpu_s
 
 
 def _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command) -> dict[str, Any]:

@@ -144,7 +144,7 @@ def pytest_configure(config):
 # leave one worker running it alone while the other has nothing left.
 HEAVY_FILES = {
     "test_lifecycle.py": 110, "test_evaluate.py": 90, "test_checkpoints_safety.py": 90, "test_multinode.py": 75,
-    "test_slurm.py": 70, "test_train.py": 70, "test_checkpoints_warm_start.py": 35, "test_training_batching.py": 30,
+    "test_slurm.py": 70, "test_train.py": 70, "test_checkpoints_warm_start.py": 35, "test_batching_buckets.py": 30,
     "test_training_carry_state.py": 25, "test_training_preemption.py": 20,
 }  # fmt: skip
 

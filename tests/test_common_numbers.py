@@ -10,13 +10,13 @@ import pytest
 
 from app.common.cli import field_types, flag_of, parse_config
 from app.common.errors import UserError
+from app.evaluation.config import EvalConfig
 from app.generation.config import GenerateConfig
 from app.model.config import ModelConfig
 from app.model.presets import load_model_config
 from app.probing.config import TransferConfig
 from app.training.args import parse_args as train_parse
 from app.training.config import TrainConfig
-from app.training.eval_config import EvalConfig
 from data_prep.cli import parse as prep_parse
 from data_prep.config import PrepConfig
 

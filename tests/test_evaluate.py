@@ -18,8 +18,8 @@ from launcher import ROOT, deepspeed_cmd, run
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.evaluate import main as evaluate_main
-from app.training.compressors import compressed_bits_per_byte
-from app.training.evaluator import fmt_table, text_store
+from app.evaluation.compressors import compressed_bits_per_byte
+from app.evaluation.evaluator import fmt_table, text_store
 from data_prep.tokenizer import ByteTokenizer
 
 REL = 1e-5

@@ -4,8 +4,8 @@
   logits after each row's last real token and the recurrent state there;
 - `step(ids, state)`: one token per row: the prompt is never re-read;
 - `read(ids, state)`: every position's logits of full-width rows from `state`, and the state after them
-  (a long text scored as one stream, a chunk at a time: `app.training.stream_eval`); `hidden(ids, state)`
-  the top layer's outputs there (the neural cache's keys: `app.training.cache_eval`).
+  (a long text scored as one stream, a chunk at a time: `app.evaluation.stream`); `hidden(ids, state)`
+  the top layer's outputs there (the neural cache's keys: `app.evaluation.cache`).
 Weight normalisation is applied once when the Decoder is built, not once per token. The cell math is
 the model's own (`RecurrentLayer.prefill/step` -> `app.model.mlstm_core`).
 """

@@ -1,1 +1,1 @@
-"""Training: config, Trainer, batching, evaluation loop, schedule, tracking."""
+"""Training: config and flags, the run plan, `Trainer` (set-up, the loop and its hooks, the end), tracking."""

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from app.checkpoints import training as ckpt
 from app.checkpoints.export_format import write_export
 from app.checkpoints.loader import open_source
 from app.training.tracking import Tracker
@@ -48,3 +49,16 @@ def log_model_artifact(tracker: Tracker, run_dir: Path, tag_dir: Path, aliases: 
         return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def log_saved_checkpoint(
+    tracker: Tracker, run_dir: Path, root: Path, tag: str, *, step: int, mode: str, last: bool, log
+) -> None:
+    """Rank 0: checkpoint `tag`, just saved, as the next model artifact under --wandb-artifacts `mode`
+    (none; final: the run's last save only; saves: every one), with the aliases W&B moves to it."""
+    if mode == "none" or (mode == "final" and not last) or tracker.run is None:
+        return
+    best = ckpt.best_tag(root) == tag  # the lowest validation loss so far: W&B moves "best" here
+    aliases = [f"step-{step}", "latest", *(["final"] if last else []), *(["best"] if best else [])]
+    if log_model_artifact(tracker, run_dir, root / tag, aliases):
+        log.info(f"W&B model artifact model-{tracker.run_id} ({', '.join(aliases)}) from {tag}")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from app.batching.buckets import MicroBatch
 from app.model.carry import CarriedState
 from app.model.layers import RecurrentLayer
-from app.training.batching import MicroBatch
 
 
 def attach(module: torch.nn.Module) -> list[RecurrentLayer]:

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from app.batching.run_data import RunData
 from app.checkpoints.dir_kind import check_data_dir
 from app.common.errors import UserError
 from app.common.redact import redact_secrets
@@ -27,7 +28,6 @@ from app.parallel.layout import (
     resolve_layout,
 )
 from app.training.config import TrainConfig
-from app.training.run_data import RunData
 
 
 @dataclass(slots=True)
@@ -56,6 +56,19 @@ class RunPlan:
             "world_size": self.world,
             "threads_per_process": threads,
         }
+
+    def describe(self, threads: int) -> str:
+        """The start-up line: the layout, the batch identity, ZeRO, precision, lr and the run's length."""
+        lay, cfg = self.layout, self.cfg
+        length = f"{self.total_steps} steps" if self.total_steps else "no step limit"
+        if cfg.time_budget:
+            length = f"time budget {cfg.time_budget:g} min, {length}"
+        return (
+            f"world {self.world} = {lay.stages} stages x {lay.data_parallel} data-parallel | "
+            f"batch {lay.train_batch} = micro {lay.micro_batch} x accum {lay.grad_accum} x dp "
+            f"{lay.data_parallel} | ZeRO-{lay.zero_stage} {lay.precision} | lr {cfg.lr:g} | "
+            f"{length} ({self.steps_per_epoch}/epoch) | {threads} threads/process"
+        )
 
 
 def open_inputs(cfg: TrainConfig, model_overrides: dict) -> tuple[RunData, ModelConfig]:

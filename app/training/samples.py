@@ -14,18 +14,24 @@ resumed run, `app/generate.py`, a test). Training never sees that samples were t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from app.batching.run_data import RunData
 from app.common.errors import UserError
 from app.generation.decoder import Decoder
 from app.generation.sampling import SamplingConfig
 from app.generation.stream import generate
 from app.model.config import ModelConfig
 from app.model.lm import LanguageModel
+from app.training.config import TrainConfig
+from app.training.tracking import Tracker
+from data_prep.tokenizer import load_tokenizer
 
 SAMPLING = SamplingConfig(temperature=1.0)  # the model's own distribution: what it has learned, unsharpened
 
@@ -85,4 +91,39 @@ def sample_texts(
             sampling=SAMPLING,
             seed=seed,
             num_samples=num_samples,
+        )
+
+
+class RunSamples:
+    """Rank 0's samples at a validation, from the weights gathered to it: drawn, logged to the tracker and
+    the log (never fatal)."""
+
+    def __init__(self, cfg: TrainConfig, model_cfg: ModelConfig, data: RunData, log: logging.Logger) -> None:
+        """--sample-prompts is read here, when the run is configured: a bad file fails before any step."""
+        self.prompts = read_prompts(cfg.sample_prompts) if cfg.samples else []
+        self.num_samples, self.max_new_tokens, self.seed = cfg.samples, cfg.sample_tokens, cfg.seed
+        self.model_cfg, self.data, self.run_dir, self.log = model_cfg, data, Path(cfg.out), log
+        self._tokenizer = None  # loaded at the first samples
+
+    def take(self, state: dict[str, torch.Tensor], step: int, tracker: Tracker) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self._tokenizer is None:
+                self._tokenizer = load_tokenizer(self.data.tokenizer, self.data.prepared.tokenizer_path)
+            rows = sample_texts(
+                state,
+                self.model_cfg,
+                self._tokenizer,
+                self.prompts,
+                num_samples=self.num_samples,
+                max_new_tokens=self.max_new_tokens,
+                seed=self.seed,
+            )
+            tracker.log_samples(rows, step)
+        except Exception as e:  # samples are a view of the run, not part of it
+            self.log.warning(f"samples @ step {step} failed ({e.__class__.__name__}: {e})")
+            return
+        self.log.info(
+            f"samples @ step {step}: {len(rows)} in {time.perf_counter() - t0:.1f}s "
+            f"({self.run_dir / 'samples.jsonl'}); first: {(rows[0]['prompt'] + rows[0]['text'])[:100]!r}"
         )

@@ -99,6 +99,7 @@ class TimeBudget:
         self.eval_every, self.save_every = eval_every, save_every
         self.est = Estimates()
         self.fraction = 0.0
+        self._reserve_warned = False
 
     # ---- measurements
     def note_step(self, seconds: float, tokens: int) -> None:
@@ -131,6 +132,18 @@ class TimeBudget:
     def reserve(self) -> float:
         """Seconds kept for the final phase (the estimate, at most MAX_RESERVE of the budget)."""
         return min(self.estimated_reserve(), MAX_RESERVE * self.budget_s)
+
+    def reserve_warning(self) -> str | None:
+        """Once per run: the line saying the final phase is estimated at more than the reserve it is given."""
+        want = self.estimated_reserve()
+        if want <= self.reserve() or self._reserve_warned:
+            return None
+        self._reserve_warned = True
+        return (
+            f"time budget: the final evaluation and save are estimated at {want:.0f} s, more than half the "
+            f"budget; keeping {self.reserve():.0f} s (the run may end late). A smaller validation split "
+            "(data_prep --val-fraction) or --test-eval false shortens them"
+        )
 
     def next_cost(self, next_step: int) -> float:
         """The next step, plus the periodic evaluation and save that step triggers."""

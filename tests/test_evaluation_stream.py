@@ -1,4 +1,4 @@
-"""A long text scored as one stream (app/training/stream_eval.py, `app/evaluate.py --text`'s stream column).
+"""A long text scored as one stream (app/evaluation/stream.py, `app/evaluate.py --text`'s stream column).
 
 Reference: the plain LanguageModel's one forward pass over the whole [BOS, text] in float64 (every token
 predicted from everything before it); the chunked figure (each piece from a fresh state) must differ.
@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.batching.buckets import TokenStore
+from app.evaluation.evaluator import text_store
+from app.evaluation.stream import split_documents, stream_nats
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
-from app.training.batching import TokenStore
-from app.training.evaluator import text_store
-from app.training.stream_eval import split_documents, stream_nats
 from data_prep.tokenizer import ByteTokenizer
 
 

@@ -1,7 +1,7 @@
 """A neural cache over a text read as one stream (Grave et al. 2017, "Improving Neural Language Models with
 a Continuous Cache"): no weight changes, no gradients.
 
-Each sequence is read as in app/training/stream_eval.py (the state carried, `chunk` positions at a time).
+Each sequence is read as in app/evaluation/stream.py (the state carried, `chunk` positions at a time).
 The cache holds the last `window` pairs (h_i, y_i): the top layer's output at position i and the token that
 followed it. Token t is predicted by
 
@@ -14,7 +14,7 @@ token is predicted from itself or anything after it; a token with an empty cache
 sequence) is the model's alone.
 
 λ and θ are not tuned on the text: every (λ, θ) of the grid is scored, and the figure is their Bayesian
-mixture (app/training/mixture.py), within ln K nats of the best setting for the text, chosen as it is read.
+mixture (app/evaluation/mixture.py), within ln K nats of the best setting for the text, chosen as it is read.
 The cache and the state start empty for each sequence (each document of a split, each --text file).
 """
 
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from app.evaluation.mixture import mixture_nats, posterior
 from app.generation.decoder import Decoder
-from app.training.mixture import mixture_nats, posterior
 
 
 @dataclass(frozen=True, slots=True)

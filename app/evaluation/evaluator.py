@@ -15,22 +15,22 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from app.batching.buckets import BucketSchedule, TokenStore
+from app.batching.run_data import open_prepared
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
 from app.common.errors import UserError
+from app.evaluation.cache import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
+from app.evaluation.compressors import compressed_bits_per_byte
+from app.evaluation.config import EvalConfig
+from app.evaluation.dynamic import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
+from app.evaluation.held_out import EvalResult, evaluate
+from app.evaluation.stream import STREAM_COLUMNS, split_documents, stream_fields, stream_nats
 from app.generation.decoder import Decoder
 from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
 from app.parallel.runtime import init_distributed, set_threads
-from app.training.batching import BucketSchedule, TokenStore
-from app.training.cache_eval import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
-from app.training.compressors import compressed_bits_per_byte
-from app.training.dynamic_eval import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
-from app.training.eval_config import EvalConfig
-from app.training.evaluation import EvalResult, evaluate
-from app.training.run_data import open_prepared
-from app.training.stream_eval import STREAM_COLUMNS, split_documents, stream_fields, stream_nats
 
 
 def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
@@ -204,8 +204,8 @@ class Evaluator:
 
     def _with_streams(self, row: dict, seqs: list[np.ndarray], num_bytes: int) -> dict:
         """Add to `row` the fields of `seqs` (targets: a --text file's tokens and EOS, or a split's
-        documents) each read as one stream, the state carried (--stream: app/training/stream_eval.py), and
-        with the neural cache (--cache: app/training/cache_eval.py); rank 0, which holds the decoder
+        documents) each read as one stream, the state carried (--stream: app/evaluation/stream.py), and
+        with the neural cache (--cache: app/evaluation/cache.py); rank 0, which holds the decoder
         -> the fields added."""
         t, c = self.tokenizer, self.cfg
         out: dict = {}

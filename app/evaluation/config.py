@@ -53,7 +53,7 @@ class EvalConfig:
     cache: bool = False
     """Also score each --text file, and each document of --split, with a neural cache (Grave et al. 2017):
     read as one stream, each token predicted by the model mixed with a copy of the tokens that followed
-    earlier states like the current one (no weight changes; app/training/cache_eval.py); on rank 0."""
+    earlier states like the current one (no weight changes; app/evaluation/cache.py); on rank 0."""
     cache_window: int = 4096
     """Neural cache: earlier positions it holds."""
     cache_lambda: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3])

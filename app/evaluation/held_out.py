@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from app.batching.buckets import BucketSchedule, TokenStore, collate
 from app.parallel.engine import Engine
-from app.training.batching import BucketSchedule, TokenStore, collate
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The neural cache (app/training/cache_eval.py, `app/evaluate.py --cache`).
+"""The neural cache (app/evaluation/cache.py, `app/evaluate.py --cache`).
 
 Reference: the plain LanguageModel's one forward pass over [BOS, text] in float64 gives every position's
 top-layer output and log-probabilities; the cache's mixture is then computed token by token, each token
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from test_evaluate import evaluate_cli, refusal
 
+from app.evaluation import cache as cache_eval
+from app.evaluation.cache import cache_lines, cache_nats
+from app.evaluation.stream import stream_nats
 from app.generation.decoder import Decoder
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
-from app.training import cache_eval
-from app.training.cache_eval import cache_lines, cache_nats
-from app.training.stream_eval import stream_nats
 
 SETTINGS = [(0.0, 1.0), (0.1, 0.3), (0.3, 2.0), (0.9, 0.5)]
 

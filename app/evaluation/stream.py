@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from app.batching.buckets import TokenStore, shifted_batch
+from app.batching.carry_schedule import chains
 from app.generation.decoder import Decoder
 from app.model.loss import IGNORE_INDEX
-from app.training.batching import TokenStore, shifted_batch
-from app.training.carry_schedule import chains
 
 
 @dataclass(frozen=True, slots=True)

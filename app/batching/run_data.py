@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from app.batching.buckets import BucketSchedule, TokenStore
+from app.batching.carry_schedule import CarrySchedule
 from app.common.errors import UserError
 from app.common.files import check_inside
 from app.parallel.layout import Layout
-from app.training.batching import BucketSchedule, TokenStore
-from app.training.carry_schedule import CarrySchedule
 from data_prep.format import PreparedDataError, load_prepared
 
 

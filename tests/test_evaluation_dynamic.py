@@ -1,4 +1,4 @@
-"""Dynamic evaluation (app/training/dynamic_eval.py, `app/evaluate.py --dynamic`).
+"""Dynamic evaluation (app/evaluation/dynamic.py, `app/evaluate.py --dynamic`).
 
 The cell run from a carried state is checked against float64 finite differences and against one
 unsplit pass; the end-to-end tests run the real CLI on the real training run of tests/conftest.py.
@@ -16,11 +16,11 @@ from test_checkpoints_consolidate import tiny
 from test_evaluate import evaluate_cli, refusal
 
 from app.common.cli import parse_config
+from app.evaluation.config import EvalConfig
+from app.evaluation.dynamic import DynamicEvaluator, dynamic_lines
 from app.model.config import debug_config
 from app.model.core import mlstm_sequence_from
 from app.model.layers import RecurrentLayer
-from app.training.dynamic_eval import DynamicEvaluator, dynamic_lines
-from app.training.eval_config import EvalConfig
 
 
 @pytest.mark.parametrize("core", ["python", "fused"])
@@ -194,7 +194,7 @@ def test_bad_dynamic_flags_are_one_clear_line(tmp_path, capsys, args, needle):
 
 
 def test_table_shows_dynamic_columns_only_when_evaluated():
-    from app.training.evaluator import fmt_table
+    from app.evaluation.evaluator import fmt_table
 
     rows = [{"name": "x", "bits/byte": 2.0, "static carried": 1.9, "dynamic": 1.5, "dyn gain %": 25.0}]
     head = fmt_table(rows).splitlines()[0]

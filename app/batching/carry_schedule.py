@@ -24,7 +24,7 @@ import heapq
 
 import numpy as np
 
-from app.training.batching import BucketSchedule, EpochPlan, TokenStore
+from app.batching.buckets import BucketSchedule, EpochPlan, TokenStore
 
 
 def chains(store: TokenStore, eos_id: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasets import Dataset, Features, Sequence, Value, concatenate_datasets
 
-from app.training.batching import IGNORE_INDEX, BucketSchedule, MicroBatch, TokenStore, collate
+from app.batching.buckets import IGNORE_INDEX, BucketSchedule, MicroBatch, TokenStore, collate
 
 BOUNDS = [4, 8, 16]
 

@@ -1,4 +1,4 @@
-"""--carry-state's plan (app/training/carry_schedule.py) and its numerics (app/model/carry.py,
+"""--carry-state's plan (app/batching/carry_schedule.py) and its numerics (app/model/carry.py,
 app/training/carry_state.py, `collate` of a continuing row).
 
 - On a real data_prep output: `chains` finds each long document's chunks in order; every example is planned
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 
+from app.batching.buckets import BucketSchedule, TokenStore, collate
+from app.batching.carry_schedule import CarrySchedule, chains
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
 from app.model.loss import IGNORE_INDEX
 from app.training import carry_state
-from app.training.batching import BucketSchedule, TokenStore, collate
-from app.training.carry_schedule import CarrySchedule, chains
 from data_prep.format import load_prepared
 
 BOS, EOS, PAD = 1, 2, 0

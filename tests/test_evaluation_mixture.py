@@ -1,4 +1,4 @@
-"""The Bayesian mixture of sequential predictors (app/training/mixture.py), with which dynamic evaluation
+"""The Bayesian mixture of sequential predictors (app/evaluation/mixture.py), with which dynamic evaluation
 scores its step sizes and the neural cache its grid.
 
 Reference: the mixture run token by token in float64 on fresh random log-probabilities.
@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
-from app.training.cache_eval import CacheResult
-from app.training.dynamic_eval import DynamicResult
-from app.training.mixture import mixture_nats, posterior
+from app.evaluation.cache import CacheResult
+from app.evaluation.dynamic import DynamicResult
+from app.evaluation.mixture import mixture_nats, posterior
 
 
 def online_mixture(logp: torch.Tensor) -> float:

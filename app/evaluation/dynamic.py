@@ -15,7 +15,7 @@ this process's private copy of the model: the checkpoint on disk is never writte
 No step size is best on every text (bench/README.md: source code wants large steps, the novel small
 ones), so --dyn-lr may name several. One learner then reads the text at each step size, one after another
 on one copy of the model, and the score is their Bayesian mixture, computed from the learners' totals
-(app/training/mixture.py): within ln K nats of the best step size, chosen as the text is read.
+(app/evaluation/mixture.py): within ln K nats of the best step size, chosen as the text is read.
 
 The same loop with no update ("static, state carried") separates what carrying the state across
 segments gains from what adapting the weights gains. Nothing is random (eval mode: no dropout), so the
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from app.evaluation.mixture import mixture_nats, posterior
 from app.model.lm import LanguageModel
-from app.training.mixture import mixture_nats, posterior
 
 EPS = 1e-8
 
@@ -50,7 +50,7 @@ class DynamicResult:
 
     @property
     def dynamic_nats(self) -> float:
-        """The Bayesian mixture's code length over the step sizes (app/training/mixture.py)."""
+        """The Bayesian mixture's code length over the step sizes (app/evaluation/mixture.py)."""
         return mixture_nats(self.learner_nats)
 
     def posterior(self) -> tuple[float, ...]:

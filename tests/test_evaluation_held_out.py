@@ -1,10 +1,10 @@
-"""app/training/evaluation.py: a full evaluation also gives the figure of a capped (periodic) one."""
+"""app/evaluation/held_out.py: a full evaluation also gives the figure of a capped (periodic) one."""
 
 import pytest
-from test_training_batching import BOUNDS, make_split
+from test_batching_buckets import BOUNDS, make_split
 
-from app.training.batching import BucketSchedule, TokenStore
-from app.training.evaluation import evaluate
+from app.batching.buckets import BucketSchedule, TokenStore
+from app.evaluation.held_out import evaluate
 
 
 class CountingEngine:
