@@ -81,9 +81,11 @@ def train_args(
     stages: int = 2,
     config: Path | None = CPU_CONFIG,
     progress: bool = False,
+    model: str | None = "debug",
 ) -> list[str]:
     """`config=None`: the caller names the DeepSpeed JSON in `extra` (--deepspeed FILE, a --config file).
-    `progress`: leave the progress bar at its default (on, but only on a terminal) instead of turning it off."""
+    `progress`: leave the progress bar at its default (on, but only on a terminal) instead of turning it off.
+    `model=None`: no --model-config."""
     return [
         *(["--deepspeed_config", str(config)] if config is not None else []),
         "--data",
@@ -92,8 +94,7 @@ def train_args(
         str(out),
         "--pipeline-stages",
         str(stages),
-        "--model-config",
-        "debug",
+        *(["--model-config", model] if model else []),
         "--warmup-steps",
         "2",
         "--eval-max-batches",
@@ -129,13 +130,13 @@ def train(
 
 
 def train_one_process(
-    data: Path, out: Path, *extra: str, config: Path | None = CPU_CONFIG
+    data: Path, out: Path, *extra: str, config: Path | None = CPU_CONFIG, model: str | None = "debug"
 ) -> subprocess.CompletedProcess:
     """`python app/train.py` without the launcher: the documented plain single-process run (world 1, one
     stage). For the refusals rank 0 makes before any peer matters (arguments, --out's lock, the resume
     tag, a checkpoint's model/tokenizer/data): the same code and the same one line as under the launcher,
     without its two extra interpreters (~12 s a launch against ~4-7 s here)."""
-    return train_process(train_args(data, out, *extra, stages=1, config=config))
+    return train_process(train_args(data, out, *extra, stages=1, config=config, model=model))
 
 
 def train_process(args: list[str]) -> subprocess.CompletedProcess:

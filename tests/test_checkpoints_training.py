@@ -122,3 +122,21 @@ def test_resolve_checkpoint_dir(tmp_path):
         ckpt.resolve_checkpoint_dir(tmp_path / "nope")
     with pytest.raises(UserError, match="no complete checkpoint"):
         ckpt.resolve_checkpoint_dir(tmp_path)
+
+
+def _fingerprint(accum: int, dp: int, **kw) -> dict:
+    return {"examples": 100, "steps_per_epoch": 7, "micro_batch": 16, "grad_accum": accum, "data_parallel": dp,
+            "tokens_per_micro_batch": 0, "seed": 0, **kw}  # fmt: skip
+
+
+def test_a_resume_with_the_same_micro_batches_per_step_keeps_the_data_order(tmp_path):
+    """P = 2 x DP = 1 x accum 2 resumed as P = 1 x DP = 2 x accum 1: each step reads the same micro-batches."""
+    state = {"sampler": _fingerprint(2, 1), "layout": {"precision": "fp32"}}
+    ckpt.check_resumable(state, "step_6", {"precision": "fp32"}, _fingerprint(1, 2), tmp_path)
+    with pytest.raises(UserError, match="resuming would change the data order"):
+        ckpt.check_resumable(state, "step_6", {"precision": "fp32"}, _fingerprint(2, 2), tmp_path)
+    carried = {"sampler": _fingerprint(2, 1, carry_state=True), "layout": {"precision": "fp32"}}
+    with pytest.raises(UserError, match="resuming would change the data order"):  # streams are bound to slots
+        ckpt.check_resumable(
+            carried, "step_6", {"precision": "fp32"}, _fingerprint(1, 2, carry_state=True), tmp_path
+        )

@@ -82,3 +82,16 @@ def test_init_from_with_another_tokenizer_or_shape_is_one_line(
             -3000:
         ]
         assert needle in err[0], err[0]
+
+
+def test_init_from_without_a_model_config_takes_the_models_sizes(reference_run, other_corpus, tmp_path):
+    """--init-from an export of the `debug` model, no --model-config: its sizes, not the `small` default's."""
+    from app.export import main as export_main
+
+    assert export_main(["--checkpoint", str(reference_run[0]), "--out", str(tmp_path / "exp")]) == 0
+    p = train_one_process(other_corpus, tmp_path / "ft", "--init-from", str(tmp_path / "exp"), *FINE_TUNE,
+                          "model.dropout=0.1", model=None)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "--init-from: the model's sizes from" in p.stderr and "hidden_dim 64" in p.stderr, p.stderr[-3000:]
+    model = json.loads((tmp_path / "ft" / "config.json").read_text())["model"]
+    assert (model["hidden_dim"], model["num_layers"], model["dropout"]) == (64, 2, 0.1)

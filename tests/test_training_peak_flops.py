@@ -1,8 +1,11 @@
 """app.training.peak_flops: MFU divides by the GPU's datasheet dense peak (timed peak beside it), or on a
 CPU / an unknown GPU by the timed product's rate."""
 
+import re
+
 import pytest
 import torch
+from launcher import metrics, train
 
 from app.training.peak_flops import datasheet_peak, mfu_peak
 
@@ -29,4 +32,25 @@ def test_datasheet_table(name, dtype, tflops):
 def test_cpu_mfu_uses_the_timed_product():
     peak, line = mfu_peak(torch.float32, torch.device("cpu"))
     assert peak > 1e8
-    assert line == f"MFU against the timed float32 1024^3 product: {peak / 1e12:.2f} TFLOP/s (cpu)"
+    n = torch.get_num_threads()
+    want = f"{peak / 1e12:.3g} TFLOP/s per rank (cpu, {n} thread{'s' if n != 1 else ''})"
+    assert line == f"MFU against the timed float32 1024^3 product: {want}"
+
+
+def test_mfu_counts_every_rank_and_never_reads_above_one(prepared_dir, tmp_path):
+    """2 ranks, 1 thread each (the case that logged mfu 141%): the peak is every rank's timed product summed
+    (the throughput is the world's), and a peak timed low (here divided by 10^5, as a product timed while the
+    core was busy reads low) is raised to the fastest step's rate, said once: MFU stays at or under 100%."""
+    out = tmp_path / "run"
+    p = train(2, prepared_dir, out, "--max-steps", "3", "--eval-every", "0", "--test-eval", "false",
+              "--wandb-mode", "disabled", extra_env={"MLSTM_DS_FAULTS": "peak_divide=100000"})  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(ln for ln in p.stderr.splitlines() if "MFU against the timed float32" in ln)
+    m = re.search(
+        r"product: ([\d.e+-]+) TFLOP/s per rank .*for the 2 ranks together: ([\d.e+-]+) TFLOP/s", line
+    )
+    assert m and float(m[2]) > float(m[1]), line  # rank 1's peak counted too
+    mfu = [r["train/mfu"] for r in metrics(out) if "train/mfu" in r]
+    assert len(mfu) == 3 and max(mfu) <= 1.0 and max(mfu) == pytest.approx(1.0), mfu
+    assert p.stderr.count("above the peak timed at start") == 1, p.stderr[-3000:]
+    assert all(float(x) <= 100.0 for x in re.findall(r"mfu ([\d.]+)%", p.stderr)), p.stderr[-3000:]

@@ -319,11 +319,24 @@ def read_rank_state(ckpt_dir: Path, rank: int) -> dict:
 RESUME_LAYOUT_KEYS = ("precision",)
 
 
+def data_order(fingerprint: dict) -> dict:
+    """What of a batch plan's fingerprint decides which examples each step reads. Micro-batch j of rank r in
+    a step is entry j * data_parallel + r of the step's list, so the step reads the same micro-batches however
+    its grad_accum x data_parallel of them are split between accumulation and ranks: only their number
+    counts (P = 2 x DP = 1 x accum 2 resumed as P = 1 x DP = 2 x accum 1 reads the same batches). With
+    --carry-state streams are bound to (micro-batch, rank) slots, so there the split counts too."""
+    if fingerprint.get("carry_state"):
+        return fingerprint
+    out = {k: v for k, v in fingerprint.items() if k not in ("grad_accum", "data_parallel")}
+    out["micro_batches_per_step"] = fingerprint.get("grad_accum", 1) * fingerprint.get("data_parallel", 1)
+    return out
+
+
 def check_resumable(
     state: dict, tag: str, layout: dict, sampler: dict, run_dir: Path, allow_data_change: bool = False
 ) -> None:
     """Refuse, in one line, a resume that would change the data order or the precision."""
-    if state["sampler"] != sampler and not allow_data_change:
+    if data_order(state["sampler"]) != data_order(sampler) and not allow_data_change:
         raise UserError(
             f"--out {run_dir}: checkpoint {tag} was written with batch layout {state['sampler']}, this run has "
             f"{sampler}; resuming would change the data order: use a new --out (or --allow-data-change)"

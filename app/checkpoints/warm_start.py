@@ -53,9 +53,24 @@ def open_init_source(
         raise UserError(
             f"--init-from {path}: its model ({_shape_fields(src.model_cfg)}) does not fit this run's "
             f"({_shape_fields(model_cfg)}): {'; '.join(bad[:3]) or 'other layers'}; pass --model-config with "
-            "its sizes"
+            "its sizes, or none (its own are taken)"
         )
     return src
+
+
+def init_model_fields(path: str) -> tuple[dict, str]:
+    """The model config of the model `--init-from PATH` names, for a run that names no --model-config: (its
+    fields, a line saying where the sizes came from). Its checks (tokenizer, shapes) come after, in
+    `open_init_source`."""
+    check_not_prepared_data(path, "--init-from")
+    try:
+        src = open_source(path)
+    except UserError as e:
+        raise UserError(f"--init-from {path}: {e}") from None
+    return (
+        src.model_cfg.to_dict(),
+        f"--init-from: the model's sizes from {src.path} ({_shape_fields(src.model_cfg)})",
+    )
 
 
 def _shape_fields(cfg: ModelConfig) -> str:

@@ -16,6 +16,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
                        where a test cannot mount a small filesystem to fill
     user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
                        meets bad input alone would
+    peak_divide=N      the matmul peak each rank times at start is divided by N, as a peak timed while other
+                       work held the core reads low (the MFU guard's test)
 """
 
 from __future__ import annotations
@@ -96,3 +98,8 @@ def shard_write(nbytes: int) -> None:
 def kill_worker(block: int) -> None:
     if block in _FAULTS.get("kill_worker_at_block", set()):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def peak_divisor() -> int:
+    """peak_divide=N: N (1 when unset)."""
+    return max(_FAULTS.get("peak_divide", {1}))

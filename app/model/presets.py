@@ -9,10 +9,13 @@ from app.common.files import read_json_object
 from app.model.config import PRESETS, ModelConfig
 
 
-def load_model_config(spec: str | None, vocab_size: int, overrides: dict) -> ModelConfig:
-    """A preset name or a JSON file, then `model.key=value` overrides; vocab size comes from the data."""
+def load_model_config(spec: str | dict | None, vocab_size: int, overrides: dict) -> ModelConfig:
+    """A preset name, a JSON file or a model config's fields (another model's, as `--init-from` gives them),
+    then `model.key=value` overrides; vocab size comes from the data."""
     spec = spec or "small"
-    if spec in PRESETS:
+    if isinstance(spec, dict):
+        d = dict(spec)
+    elif spec in PRESETS:
         d = dict(PRESETS[spec])
     else:
         p = Path(spec)

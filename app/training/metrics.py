@@ -43,7 +43,6 @@ class StepLogger:
         *,
         flops_per_token: float,
         peak_flops: float,
-        world: int,
         total_steps: int | None,
         steps_per_epoch: int,
         log_every: int,
@@ -51,9 +50,10 @@ class StepLogger:
         initial_step: int,
     ) -> None:
         self.tracker, self.log = tracker, log
-        self.flops_tok, self.peak_all = flops_per_token, peak_flops * world
+        self.flops_tok, self.peak_all = flops_per_token, peak_flops  # the whole world's (peak_flops.py)
         self.total, self.spe, self.log_every = total_steps, steps_per_epoch, log_every
         self.window_tokens, self.window_time = 0, 0.0
+        self._raised = False  # the peak was raised to a faster step's rate (said once)
         self.bar = None
         # Not on a terminal (a log file, a pipe, pdsh): a bar would be hundreds of carriage-return redraws
         # on one line; the metrics line every `log_every` steps is the log there.
@@ -76,7 +76,7 @@ class StepLogger:
             "train/tokens_per_s": s.tokens / s.seconds,
             "train/padding_efficiency": s.tokens / max(1, s.padded),
             "train/skipped_steps": s.skipped_total,
-            "train/mfu": self.flops_tok * s.tokens / s.seconds / self.peak_all,
+            "train/mfu": self._mfu(self.flops_tok * s.tokens / s.seconds),
             "train/epoch": s.step / self.spe,
             "train/tokens": s.tokens_seen,
         }
@@ -91,11 +91,24 @@ class StepLogger:
             line = (
                 f"step {s.step}{of} | loss {s.loss:.4f} | bpb {metrics['train/bpb']:.3f} | "
                 f"lr {s.lr:.2e} | gnorm {gnorm:.3f} | tok/s {fmt_count(tps)} | "
-                f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self.flops_tok * tps / self.peak_all:.1%} | "
+                f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self._mfu(self.flops_tok * tps):.1%} | "
                 f"skipped {s.skipped_total}"
             )
             self.log.info(line)  # through the bar when one is on screen (app.common.logs)
             self.window_tokens, self.window_time = 0, 0.0
+
+    def _mfu(self, flops_per_s: float) -> float:
+        """MFU of a rate, never above 1: a step faster than the peak timed at start (timed while the core
+        was busy elsewhere, or a CPU that turbos under our load) makes that rate the peak, said once."""
+        if flops_per_s > self.peak_all:
+            if not self._raised:
+                self.log.info(
+                    f"MFU: a step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the peak timed at start "
+                    f"({self.peak_all / 1e12:.3f}): MFU is now against the fastest rate seen"
+                )
+                self._raised = True
+            self.peak_all = flops_per_s
+        return flops_per_s / self.peak_all
 
     def close(self) -> None:
         if self.bar is not None:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
+
+from app.common import faults
 
 
 def measure_matmul_peak(
-    dtype: torch.dtype, device: torch.device, n: int = 1024, seconds: float = 0.3
+    dtype: torch.dtype, device: torch.device, n: int = 1024, seconds: float = 0.5, at_least: int = 8
 ) -> float:
-    """FLOP/s of an n x n x n product in `dtype` on `device` (best of a short burst)."""
+    """FLOP/s of an n x n x n product in `dtype` on `device`: the best of a burst of at least `at_least`
+    products and `seconds`, with the threads this process uses (the best: a product slowed by other work on
+    the core reads low, never high)."""
     g = torch.Generator().manual_seed(0)  # its own: measuring must not move the training RNG streams
     a = torch.randn(n, n, generator=g).to(device, dtype)
     b = torch.randn(n, n, generator=g).to(device, dtype)
@@ -18,8 +23,9 @@ def measure_matmul_peak(
     torch.mm(a, b)
     sync()
     best = float("inf")
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    end, done = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end or done < at_least:
+        done += 1
         t = time.perf_counter()
         torch.mm(a, b)
         sync()
@@ -56,17 +62,37 @@ def datasheet_peak(device_name: str, dtype: torch.dtype) -> float | None:
     return None
 
 
+def world_peak(dtype: torch.dtype, device: torch.device, world: int) -> tuple[float, str]:
+    """Every rank, together (a collective): (the peak of the WHOLE world, which MFU divides the world's
+    throughput by, and one line saying which peak it is). Each rank times its own product once every rank
+    has reached this point (a barrier first: no rank times while another still does its start-up work on
+    a shared core), and the ranks' peaks are summed: throughput and peak count the same hardware."""
+    dist.barrier()
+    local, line = mfu_peak(dtype, device)
+    total = torch.tensor([local], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    if world > 1:
+        line += f"; for the {world} ranks together: {total.item() / 1e12:.3g} TFLOP/s"
+    return total.item(), line
+
+
 def mfu_peak(dtype: torch.dtype, device: torch.device) -> tuple[float, str]:
-    """(the peak MFU divides by, one line saying which and giving the timed peak beside it).
+    """(the peak of this process's device MFU divides by, one line saying which and giving the timed peak).
 
     GPUs in the table: the datasheet dense peak for the dtype (a timed 1024^3 product reaches well under
-    it, so MFU against it would read high); elsewhere (CPUs, unknown GPUs) the timed product's rate."""
-    timed = measure_matmul_peak(dtype, device)
+    it, so MFU against it would read high); elsewhere (CPUs, unknown GPUs) the timed product's rate, with
+    the threads this process uses."""
+    timed = measure_matmul_peak(dtype, device) / faults.peak_divisor()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     sheet = datasheet_peak(name, dtype) if device.type == "cuda" else None
     dt = str(dtype).removeprefix("torch.")
     if sheet is None:
-        return timed, f"MFU against the timed {dt} 1024^3 product: {timed / 1e12:.2f} TFLOP/s ({name})"
+        n = torch.get_num_threads()
+        threads = f", {n} thread{'s' if n != 1 else ''}" if device.type == "cpu" else ""
+        return (
+            timed,
+            f"MFU against the timed {dt} 1024^3 product: {timed / 1e12:.3g} TFLOP/s per rank ({name}{threads})",
+        )
     return sheet, (
         f"MFU against the {name} datasheet dense {dt} peak {sheet / 1e12:.1f} TFLOP/s "
         f"(timed 1024^3 product: {timed / 1e12:.1f} TFLOP/s)"

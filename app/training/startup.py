@@ -30,7 +30,7 @@ from app.parallel.layout import Layout, engine_config
 from app.training import carry_state
 from app.training.config import TrainConfig
 from app.training.metrics import StepLogger
-from app.training.peak_flops import mfu_peak
+from app.training.peak_flops import world_peak
 from app.training.plan import RunPlan
 from app.training.schedule import lr_multiplier
 from app.training.state import TrainState
@@ -187,16 +187,22 @@ def time_budget_for(
     return budget
 
 
+def measure_peak(plan: RunPlan, engine: Engine) -> tuple[float, str]:
+    """Every rank: the whole world's peak for the training dtype, and the line saying which (peak_flops)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.layout.precision, torch.float32)
+    return world_peak(dtype, engine.device, plan.world)
+
+
 def start_tracking(
     plan: RunPlan,
     resolved: dict,
     state: TrainState,
-    engine: Engine,
+    peak: tuple[float, str],
     rewind_to: int | None,
     log: logging.Logger,
 ) -> tuple[Tracker, StepLogger]:
     """Rank 0: the tracker (metrics.jsonl, W&B continuing the run's id, which `state` records) and the
-    per-step metrics line, whose MFU divides by the device's peak for the training dtype."""
+    per-step metrics line, whose MFU divides by `peak` (the world's, from `measure_peak`)."""
     cfg, run_dir = plan.cfg, Path(plan.cfg.out)
     tracker = Tracker(
         run_dir,
@@ -209,15 +215,13 @@ def start_tracking(
         system_metrics=cfg.wandb_system_metrics,
     )
     state.wandb_id = tracker.run_id
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.layout.precision, torch.float32)
-    peak, peak_line = mfu_peak(dtype, engine.device)
+    peak, peak_line = peak
     log.info(peak_line)
     metrics = StepLogger(
         tracker,
         log,
         flops_per_token=flops_per_token(plan.model_cfg),
         peak_flops=peak,
-        world=plan.world,
         total_steps=plan.total_steps,
         steps_per_epoch=plan.steps_per_epoch,
         log_every=cfg.log_every,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class Trainer:
         """Configure: configs, data and layout checked (cheap, so `--dry-run` stops right after)."""
         self.log = setup_logging(cfg.verbose)
         # before any process group: bad data or a bad model config fails in a second
-        self.data, self.model_cfg = open_inputs(cfg, model_overrides)
+        self.data, self.model_cfg = open_inputs(cfg, model_overrides, self._info_rank0)
         self.init_source = None  # --init-from, checked before any process group: one line if it does not fit
         if cfg.init_from:
             prepared = self.data.prepared
@@ -95,6 +96,11 @@ class Trainer:
 
     def _info(self, msg: str) -> None:
         if self.rank == 0:
+            self.log.info(msg)
+
+    def _info_rank0(self, msg: str) -> None:
+        """Before the process group exists: rank 0 as the launcher numbers it."""
+        if int(os.environ.get("RANK", "0")) == 0:
             self.log.info(msg)
 
     # ---- setup: engine, resume, tracking (the steps: startup.py)
@@ -139,13 +145,14 @@ class Trainer:
             )
         if cfg.time_budget:
             self.budget = startup.time_budget_for(cfg, self.data, self.n_params, self.state, self._info)
+        peak = startup.measure_peak(self.plan, self.engine)  # every rank: timed together, summed
         self.tracker = self.metrics = None
         if self.rank == 0:
             atomic_write(self.run_dir / "config.json", json.dumps(self.resolved, indent=1, default=str))
             last_logged = truncate_metrics(self.run_dir, self.state.step)
             rewind_to = self.state.step if last_logged > self.state.step else None
             self.tracker, self.metrics = startup.start_tracking(
-                self.plan, self.resolved, self.state, self.engine, rewind_to, self.log
+                self.plan, self.resolved, self.state, peak, rewind_to, self.log
             )
 
     def _choose_resume(self) -> tuple[str | None, dict | None]:
