@@ -15,7 +15,8 @@ w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm) are described in triton_kernels.py. G
 direction, B, T, H, dtype, device), all of a (loop, direction, B, H, dtype, device) sharing ONE arena of
 static buffers sized for the longest T seen, so a new length costs a capture (the kernel nodes), not a copy
 of every buffer; inputs are copied into the arena before a replay and outputs out after it (a training step
-keeps several micro-batches' buffers alive until their backward). At most GRAPH_CACHE graphs are kept.
+keeps several micro-batches' buffers alive until their backward). At most GRAPH_CACHE graphs and MAX_ARENAS
+arenas are kept (the least recently used go first).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 GRAPH_CACHE = int(os.environ.get("MLSTM_GRAPH_CACHE", "64"))
+MAX_ARENAS = 4  # (loop, direction, B, H, dtype, device) shapes whose buffers are kept for their graphs
 MAX_SPIN = 1 << 22  # grid-barrier polls before a program gives up (seconds of waiting, never forever)
 FWD_IN = ("w_mh", "w_m", "pm", "pg")  # and row 0 of hs / cs (the initial state)
 FWD_OUT = ("hs", "cs", "rs", "ms", "gates", "tcs")
@@ -317,7 +319,8 @@ def clear_graphs() -> None:
 
 
 def _evict_over_cap() -> None:
-    while graphs_held() > GRAPH_CACHE and _arenas:
+    # an arena holds a whole sequence's buffers (GBs for a large layer): a few shapes, not one per batch size
+    while _arenas and (graphs_held() > GRAPH_CACHE or len(_arenas) > MAX_ARENAS):
         _arenas.popitem(last=False)  # the least recently used arena, its graphs with it
 
 
@@ -340,7 +343,9 @@ def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         return go({**bufs, **loop.scratch(B, H, w.dtype, w.device)})
     arena = _arenas.get(key)
     if arena is None or arena.T < T:  # a longer sequence: a bigger arena (its graphs re-captured as met)
+        _arenas.pop(key, None)  # the old one's memory goes before the new one's is taken
         arena = _arenas[key] = _Arena(bufs, T, loop.scratch(B, H, w.dtype, w.device))
+        _evict_over_cap()
     _arenas.move_to_end(key)
     static = arena.view(T)
     if T not in arena.graphs:
