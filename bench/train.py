@@ -324,14 +324,18 @@ def report(bench: Bench, vocab: int, resolved: dict | None, peak: float) -> dict
         result[f"tokens_per_s_ds_p1_{c}"] = (
             f"unavailable: {unavailable[c]}" if c in unavailable else r(med[f"ds_p1_{c}"], 1)
         )
-    if samples["ds_p1_fused"] and samples["ds_p1_python"] and not set(unavailable) & {"fused", "python"}:
+    if (
+        samples.get("ds_p1_fused")
+        and samples.get("ds_p1_python")
+        and not set(unavailable) & {"fused", "python"}
+    ):
         result["fused_vs_python"] = r(div(med["ds_p1_fused"], med["ds_p1_python"]))
         # every step's ratio range, for the spread on a shared machine
         f, p = samples["ds_p1_fused"], samples["ds_p1_python"]
         result["fused_vs_python_min_max"] = [r(min(f) / max(p)), r(max(f) / min(p))]
     if "bound" in args.runs and "fused" in unavailable:
         result["fused_vs_python_bound"] = f"unavailable: {unavailable['fused']}"
-    elif samples["bound_fused"]:
+    elif samples.get("bound_fused"):
         # The plain loop, in this process: fused / python there, and at most what it could be with the
         # time loops taking no time (everything else in the step is shared by the two cores).
         result["plain_fused_vs_python"] = r(div(med["bound_fused"], med["bound_python"]))
