@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
+from app.common.resources import cap, usable_cpus
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
-from data_prep.config import PrepConfig
+from data_prep.config import PrepConfig, default_num_proc
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
 from data_prep.format import FORMAT_VERSION, MANIFEST_FILE, META_FILE, SPLITS, TOKENIZER_FILE
@@ -230,6 +231,28 @@ def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block
             texts, eos, rows, size, index = [], [], [], 0, index + 1
     if size:
         yield Block(texts, eos, rows) if index >= skip else None
+
+
+def _workers(cfg: PrepConfig, blocks: Iterator[Block | None]) -> tuple[int, Iterator[Block | None]]:
+    """The encode workers the machine and the input can use: --num-proc capped at the CPUs this process may
+    run on and at the blocks left to encode, said in one line (a warning when --num-proc was given); and
+    `blocks` again, with the (at most that many) blocks read ahead to count them."""
+    cpus = usable_cpus()
+    want = min(cfg.num_proc, cpus)
+    ahead: list[Block | None] = []
+    left = 0
+    for block in blocks:
+        ahead.append(block)
+        left += block is not None
+        if left >= want:
+            break
+    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
+    if left < want:
+        limits.append(
+            (max(1, left), f"the input makes {left} block(s) of --block-mb {cfg.block_mb:g} to encode")
+        )
+    say = log.warning if cfg.num_proc != default_num_proc() else log.info
+    return cap("--num-proc", cfg.num_proc, limits, say if left else None), itertools.chain(ahead, blocks)
 
 
 _WORKER: tuple[EncodeFn, Path] | None = None
@@ -455,7 +478,8 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     consumed = skip_blocks
     done_bytes = 0
     spool = shards.spool_dir(out)
-    stream = _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc, spool)
+    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks))
+    stream = _encode_stream(fn, blocks, num_proc, spool)
     try:
         for consumed, piece in stream:
             writer.add(piece, consumed)

@@ -390,3 +390,27 @@ def test_corpora_as_they_come(tmp_path, capsys):
     good = ["fine json", "fine csv", big, "small", "parquet ok", *lines * 3]
     assert meta["documents"]["kept"] == len(good)
     assert sum(meta["splits"][s]["bytes"] for s in SPLITS) == sum(len(g.encode()) for g in good)
+
+
+@pytest.mark.parametrize("cpus, block_mb, why", [(None, "4", "the input makes 1 block(s) of --block-mb 4 to encode"),
+                                                 ({0}, "0.02", "1 CPU(s) are available to this process")])  # fmt: skip
+def test_num_proc_is_capped_at_the_cpus_and_the_blocks_in_one_line(
+    tmp_path, lines_reference, cpus, block_mb, why
+):
+    """--num-proc 4096 on a 2-core box forked 656 workers and made no progress in 300 s; a worker count above
+    the CPUs the process may use, or above the blocks the input makes, is now capped with one warning line
+    (the output is the same for any count)."""
+    src, _ = lines_reference
+    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), "--doc-split", "line", "--tokenizer", "byte",
+           "--block-mb", block_mb, "--num-proc", "9", "--out", str(tmp_path / "o")]  # fmt: skip
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
+    assert p.returncode == 0, p.stderr
+    capped = [ln for ln in p.stderr.splitlines() if "--num-proc" in ln]
+    assert len(capped) == 1 and capped[0].endswith(f"WARNING --num-proc 9 capped at 1: {why}"), p.stderr
