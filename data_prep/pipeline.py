@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
-from app.common.resources import cap, usable_cpus
+from app.common.resources import available_memory, cap, fmt_bytes, usable_cpus
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig, default_num_proc
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
@@ -55,6 +55,11 @@ EFFICIENCY_SAMPLE = 2_000_000
 # SentencePiece's trainer gives a different model for a different thread count, so the count is fixed
 # (not --num-proc): the output must not depend on how many workers encode it.
 SPM_TRAIN_THREADS = 4  # train lengths drawn from the histogram to estimate padding efficiency
+# Memory per byte, estimates (checked against the free memory only, so they stop absurd values): a block in
+# the parent's read-ahead and in a worker with its int32 tokens and Arrow rows; a tokenizer sample held
+# twice by the scan and many times over by SentencePiece's trainer.
+BLOCK_MEMORY = 11
+SAMPLE_MEMORY = 22
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -86,14 +91,16 @@ def _run_key(cfg: PrepConfig, srcs: sources.Sources, inputs: list[dict]) -> dict
     }  # fmt: skip
 
 
-def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
+def _scan(
+    cfg: PrepConfig, srcs: sources.Sources, sample_budget: int
+) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
     """Pass 1: counts, skip examples, split sizes by hash, the source fingerprint and the tokenizer sample."""
     skipped: Counter = Counter({r: 0 for r in documents.SKIP_REASONS})
     where: dict[str, list[str]] = {r: [] for r in documents.SKIP_REASONS}
     split_docs = np.zeros(3, np.int64)
     with_fffd: Counter = Counter()
     fingerprint = hashlib.blake2b(digest_size=16)
-    budget = int(cfg.tokenizer_train_mb * 1e6)
+    budget = sample_budget
     # (-u, order, text) of the documents with the smallest u: among train ones, and (for a corpus that
     # ends up cut into segments, whose one book may have hashed to validation) among all
     train_sample, any_sample = _Sample(budget), _Sample(budget)
@@ -233,12 +240,44 @@ def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block
         yield Block(texts, eos, rows) if index >= skip else None
 
 
-def _workers(cfg: PrepConfig, blocks: Iterator[Block | None]) -> tuple[int, Iterator[Block | None]]:
+def _memory_bounds(cfg: PrepConfig) -> tuple[int | None, int]:
+    """(workers the free memory holds, bytes of tokenizer sample it holds), checked before the scan: a
+    --block-mb block one worker cannot hold is refused in one line; --tokenizer-train-mb above what memory
+    holds (the scan keeps two samples, SentencePiece's trainer many times one) is capped in one line."""
+    free = available_memory()
+    block = BLOCK_MEMORY * cfg.block_mb * 1e6
+    budget = int(cfg.tokenizer_train_mb * 1e6)
+    if free is None:
+        return None, budget
+    if block > free:
+        raise UserError(
+            f"--block-mb {cfg.block_mb:g}: a block and its tokens need about {fmt_bytes(block)} of memory and "
+            f"{fmt_bytes(free)} is available; lower --block-mb"
+        )
+    if cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None:
+        fit = int(free // SAMPLE_MEMORY / 1e6)
+        why = f"SentencePiece training needs about {SAMPLE_MEMORY}x its sample, and {fmt_bytes(free)} is available"
+        budget = int(cap("--tokenizer-train-mb", cfg.tokenizer_train_mb, [(fit, why)], log.warning) * 1e6)
+    return int(free // block), budget
+
+
+def _workers(
+    cfg: PrepConfig, blocks: Iterator[Block | None], memory: int | None
+) -> tuple[int, Iterator[Block | None]]:
     """The encode workers the machine and the input can use: --num-proc capped at the CPUs this process may
-    run on and at the blocks left to encode, said in one line (a warning when --num-proc was given); and
-    `blocks` again, with the (at most that many) blocks read ahead to count them."""
+    run on, at the blocks left to encode and at the blocks the free memory holds, said in one line (a warning
+    when --num-proc was given); and `blocks` again, with the (at most that many) blocks read ahead to count
+    them."""
     cpus = usable_cpus()
-    want = min(cfg.num_proc, cpus)
+    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
+    if memory is not None:
+        limits.append(
+            (
+                max(1, memory),
+                f"the free memory holds {memory} block(s) of --block-mb {cfg.block_mb:g} and their tokens",
+            )
+        )
+    want = min(cfg.num_proc, *(n for n, _ in limits))
     ahead: list[Block | None] = []
     left = 0
     for block in blocks:
@@ -246,7 +285,6 @@ def _workers(cfg: PrepConfig, blocks: Iterator[Block | None]) -> tuple[int, Iter
         left += block is not None
         if left >= want:
             break
-    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
     if left < want:
         limits.append(
             (max(1, left), f"the input makes {left} block(s) of --block-mb {cfg.block_mb:g} to encode")
@@ -421,6 +459,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     t_start = time.perf_counter()
     if cfg.tokenizer_model:
         _reuse_tokenizer(cfg)  # a bad model fails before any work
+    memory, sample_budget = _memory_bounds(cfg)
     srcs = sources.resolve(cfg)
     out = cfg.out
     inputs = srcs.fingerprints()
@@ -434,7 +473,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     scan = manifest.get("scan")
     t_scan = time.perf_counter()
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
-        scan, samples = _scan(cfg, srcs)
+        scan, samples = _scan(cfg, srcs, sample_budget)
     else:
         log.info(
             "resuming %s: the scan and %d finished shard group(s) are kept", out, len(manifest["groups"])
@@ -478,7 +517,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     consumed = skip_blocks
     done_bytes = 0
     spool = shards.spool_dir(out)
-    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks))
+    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks), memory)
     stream = _encode_stream(fn, blocks, num_proc, spool)
     try:
         for consumed, piece in stream:
