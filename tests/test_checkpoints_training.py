@@ -135,6 +135,6 @@ def test_a_manifest_names_files_inside_the_checkpoint_only(tmp_path):
     (d / ckpt.COMPLETE).write_text(json.dumps(manifest))
     for check in (ckpt.is_complete, ckpt.damaged_files, lambda d: ckpt.resolve_checkpoint_dir(tmp_path)):
         with pytest.raises(
-            UserError, match=r"COMPLETE: files\['\.\./\.\./secret'\] '\.\./\.\./secret' resolves"
+            UserError, match=r"COMPLETE: files\['\.\./\.\./secret'\] '\.\./\.\./secret' points outside"
         ):
             check(d)

@@ -56,7 +56,7 @@ def _damage(prepared: Path, root: Path) -> dict[str, tuple[Path, str]]:
     manifest_path.write_text(json.dumps(manifest))
     cases["outside"] = (
         root / "outside",
-        f"{manifest_path}: groups[0].files.train.name '../outside.arrow' resolves",
+        f"{manifest_path}: groups[0].files.train.name '../outside.arrow' points outside",
     )
     # a vocabulary of 10^12: the embedding tried to allocate 128 TB (a traceback on rank 0)
     meta_path = root / "huge_vocab" / "meta.json"

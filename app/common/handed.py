@@ -41,7 +41,7 @@ def member(root: Path, name: object, file: Path, field: str) -> Path:
     real, top = Path(os.path.realpath(path)), Path(os.path.realpath(root))
     if real == top or top not in real.parents:
         raise refuse(
-            file, field, f"{name!r} resolves to {real}, outside {root}; only files inside the folder are read"
+            file, field, f"{name!r} points outside {root} (to {real}); only files inside the folder are read"
         )
     return path
 
