@@ -30,24 +30,23 @@ import json
 from app.checkpoints.loader import open_source
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
-from app.generation.config import GenerateConfig, pick_device, read_prompts
+from app.generation.config import GenerateConfig, bound, pick_device, read_prompts
 from app.generation.decoder import Decoder
 from app.generation.interactive import Session, read_lines, run_session
-from app.generation.sampling import SamplingConfig
 from app.generation.stream import generate
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
-    try:
-        sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    except ValueError as e:
-        raise UserError(str(e)) from None
     prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
     device = pick_device(cfg.device)
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
+    lengths = [len(ids) for ids in tokenizer.encode_batch(prompts or [cfg.prompt or ""])]
+    sampling = bound(
+        cfg, lengths, src.model_cfg, lambda line: print(f"# {line}", file=sys.stderr, flush=True)
+    )
     decoder = Decoder(src.load_model(device))
     print(f"# {src.describe()} | {device}", file=sys.stderr, flush=True)
     if cfg.interactive:

@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.common import handed
 from data_prep import integrity
 from data_prep.errors import UserError
 
 FORMAT_VERSION: int = 2
+MAX_SEQ_LEN = 1 << 20  # data prep's own bound on --max-seq-len
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.json"
@@ -78,7 +80,7 @@ class PreparedData:
         import numpy as np
 
         entries = [g["files"][name] for g in self.manifest["groups"]]
-        files = [self.path / e["name"] for e in entries]
+        files = [self.shard_path(i, name) for i in range(len(entries))]
         for f, e in zip(files, entries):  # before the first use of any of its bytes (integrity's docstring)
             _refuse(integrity.size_problem(f, e["bytes"]) or integrity.digest_problem(f, e["xxh3_128"]))
         try:
@@ -98,11 +100,21 @@ class PreparedData:
         bucket = np.searchsorted(np.asarray(self.meta["buckets"]), lengths, side="left").astype(np.int32)
         return ds.add_column("bucket", bucket, new_fingerprint=f"{self.meta['source']['fingerprint']}-{name}")
 
+    def shard_path(self, group: int, split: str) -> Path:
+        """The file of `split` in shard group `group`, as manifest.json names it (inside the folder)."""
+        where = f"groups[{group}].files.{split}.name"
+        try:
+            name = self.manifest["groups"][group]["files"][split]["name"]
+        except (KeyError, IndexError, TypeError):
+            raise handed.refuse(self.path / MANIFEST_FILE, where, "is missing") from None
+        return handed.member(self.path, name, self.path / MANIFEST_FILE, where)
+
     @property
     def tokenizer_path(self) -> Path | None:
-        """Path of the SentencePiece model, or None for the byte tokenizer."""
+        """Path of the SentencePiece model (inside the folder), or None for the byte tokenizer."""
         name = self.meta["tokenizer"].get("model_file")
-        return None if name is None else self.path / name
+        where = "tokenizer.model_file"
+        return None if name is None else handed.member(self.path, name, self.path / META_FILE, where)
 
 
 def load_prepared(path: str | Path) -> PreparedData:
@@ -129,11 +141,17 @@ def load_prepared(path: str | Path) -> PreparedData:
         manifest["groups"][0]["files"]["train"]["name"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise PreparedDataError(f"{path / MANIFEST_FILE}: missing or corrupt ({exc}); {RERUN_HINT}") from exc
-    _check_sizes(path, meta, manifest)
     data = PreparedData(path=path, meta=meta, manifest=manifest)
-    tok_path = data.tokenizer_path
-    if tok_path is not None and not tok_path.is_file():
-        raise PreparedDataError(f"{tok_path}: tokenizer model is missing; {RERUN_HINT}")
+    try:
+        tok_path = data.tokenizer_path
+        if tok_path is not None and not tok_path.is_file():
+            raise PreparedDataError(f"{tok_path}: tokenizer model is missing; {RERUN_HINT}")
+        _check_numbers(data)
+        _check_sizes(data)
+    except PreparedDataError:
+        raise
+    except UserError as e:  # a name leading out of the folder, a number out of bounds: one line, the flag's
+        raise PreparedDataError(str(e)) from None
     return data
 
 
@@ -142,13 +160,33 @@ def _refuse(problem: str | None) -> None:
         raise PreparedDataError(f"{problem}; {RERUN_HINT}")
 
 
-def _check_sizes(path: Path, meta: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """Every shard the manifest lists for a non-empty split is there at its size (a stat each). An empty
-    split is left to its users, which refuse it in their own words (training needs a validation split)."""
-    splits = meta.get("splits") or {}
+def _check_numbers(data: PreparedData) -> None:
+    """What meta.json states, before anything is sized by it (app.common.handed): the vocabulary against the
+    tokenizer file (a model's embedding and head are that wide), the longest example and the length
+    buckets against data prep's bounds, the example counts as counts."""
+    meta, file = data.meta, data.path / META_FILE
+    handed.check_vocab(meta.get("tokenizer"), data.tokenizer_path, file)
+    longest = handed.count(meta.get("max_seq_len"), file, "max_seq_len", 1, MAX_SEQ_LEN)
+    bounds = meta.get("buckets")
+    if not isinstance(bounds, list) or not 1 <= len(bounds) <= longest:
+        raise handed.refuse(file, "buckets", f"must be a list of 1 to {longest} lengths, got {bounds!r:.80}")
+    for i, b in enumerate(bounds):
+        handed.count(b, file, f"buckets[{i}]", bounds[i - 1] + 1 if i else 1, longest)
+    splits = meta.get("splits")
     for name in SPLITS:
-        if not (splits.get(name) or {}).get("examples"):
-            continue
-        for group in manifest["groups"]:
-            entry = group["files"][name]
-            _refuse(integrity.size_problem(path / entry["name"], entry["bytes"]))
+        if not isinstance(splits, dict) or not isinstance(splits.get(name), dict):
+            raise handed.refuse(file, f"splits.{name}", "is missing")
+        handed.count(splits[name].get("examples"), file, f"splits.{name}.examples", 0)
+
+
+def _check_sizes(data: PreparedData) -> None:
+    """Every shard the manifest lists is inside the folder, and for a non-empty split there at its size (a
+    stat each). An empty split is left to its users, which refuse it in their own words (training needs a
+    validation split)."""
+    file = data.path / MANIFEST_FILE
+    for i, group in enumerate(data.manifest["groups"]):
+        for name in SPLITS:
+            path = data.shard_path(i, name)
+            size = handed.count(group["files"][name].get("bytes"), file, f"groups[{i}].files.{name}.bytes", 0)
+            if data.meta["splits"][name]["examples"]:
+                _refuse(integrity.size_problem(path, size))

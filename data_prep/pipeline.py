@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
+from app.common.resources import available_memory, cap, fmt_bytes, usable_cpus
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
-from data_prep.config import PrepConfig
+from data_prep.config import PrepConfig, default_num_proc
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
 from data_prep.errors import UserError
 from data_prep.format import FORMAT_VERSION, MANIFEST_FILE, META_FILE, SPLITS, TOKENIZER_FILE
@@ -54,6 +55,11 @@ EFFICIENCY_SAMPLE = 2_000_000
 # SentencePiece's trainer gives a different model for a different thread count, so the count is fixed
 # (not --num-proc): the output must not depend on how many workers encode it.
 SPM_TRAIN_THREADS = 4  # train lengths drawn from the histogram to estimate padding efficiency
+# Memory per byte, estimates (checked against the free memory only, so they stop absurd values): a block in
+# the parent's read-ahead and in a worker with its int32 tokens and Arrow rows; a tokenizer sample held
+# twice by the scan and many times over by SentencePiece's trainer.
+BLOCK_MEMORY = 11
+SAMPLE_MEMORY = 22
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -85,14 +91,16 @@ def _run_key(cfg: PrepConfig, srcs: sources.Sources, inputs: list[dict]) -> dict
     }  # fmt: skip
 
 
-def _scan(cfg: PrepConfig, srcs: sources.Sources) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
+def _scan(
+    cfg: PrepConfig, srcs: sources.Sources, sample_budget: int
+) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
     """Pass 1: counts, skip examples, split sizes by hash, the source fingerprint and the tokenizer sample."""
     skipped: Counter = Counter({r: 0 for r in documents.SKIP_REASONS})
     where: dict[str, list[str]] = {r: [] for r in documents.SKIP_REASONS}
     split_docs = np.zeros(3, np.int64)
     with_fffd: Counter = Counter()
     fingerprint = hashlib.blake2b(digest_size=16)
-    budget = int(cfg.tokenizer_train_mb * 1e6)
+    budget = sample_budget
     # (-u, order, text) of the documents with the smallest u: among train ones, and (for a corpus that
     # ends up cut into segments, whose one book may have hashed to validation) among all
     train_sample, any_sample = _Sample(budget), _Sample(budget)
@@ -230,6 +238,59 @@ def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block
             texts, eos, rows, size, index = [], [], [], 0, index + 1
     if size:
         yield Block(texts, eos, rows) if index >= skip else None
+
+
+def _memory_bounds(cfg: PrepConfig) -> tuple[int | None, int]:
+    """(workers the free memory holds, bytes of tokenizer sample it holds), checked before the scan: a
+    --block-mb block one worker cannot hold is refused in one line; --tokenizer-train-mb above what memory
+    holds (the scan keeps two samples, SentencePiece's trainer many times one) is capped in one line."""
+    free = available_memory()
+    block = BLOCK_MEMORY * cfg.block_mb * 1e6
+    budget = int(cfg.tokenizer_train_mb * 1e6)
+    if free is None:
+        return None, budget
+    if block > free:
+        raise UserError(
+            f"--block-mb {cfg.block_mb:g}: a block and its tokens need about {fmt_bytes(block)} of memory and "
+            f"{fmt_bytes(free)} is available; lower --block-mb"
+        )
+    if cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None:
+        fit = int(free // SAMPLE_MEMORY / 1e6)
+        why = f"SentencePiece training needs about {SAMPLE_MEMORY}x its sample, and {fmt_bytes(free)} is available"
+        budget = int(cap("--tokenizer-train-mb", cfg.tokenizer_train_mb, [(fit, why)], log.warning) * 1e6)
+    return int(free // block), budget
+
+
+def _workers(
+    cfg: PrepConfig, blocks: Iterator[Block | None], memory: int | None
+) -> tuple[int, Iterator[Block | None]]:
+    """The encode workers the machine and the input can use: --num-proc capped at the CPUs this process may
+    run on, at the blocks left to encode and at the blocks the free memory holds, said in one line (a warning
+    when --num-proc was given); and `blocks` again, with the (at most that many) blocks read ahead to count
+    them."""
+    cpus = usable_cpus()
+    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
+    if memory is not None:
+        limits.append(
+            (
+                max(1, memory),
+                f"the free memory holds {memory} block(s) of --block-mb {cfg.block_mb:g} and their tokens",
+            )
+        )
+    want = min(cfg.num_proc, *(n for n, _ in limits))
+    ahead: list[Block | None] = []
+    left = 0
+    for block in blocks:
+        ahead.append(block)
+        left += block is not None
+        if left >= want:
+            break
+    if left < want:
+        limits.append(
+            (max(1, left), f"the input makes {left} block(s) of --block-mb {cfg.block_mb:g} to encode")
+        )
+    say = log.warning if cfg.num_proc != default_num_proc() else log.info
+    return cap("--num-proc", cfg.num_proc, limits, say if left else None), itertools.chain(ahead, blocks)
 
 
 _WORKER: tuple[EncodeFn, Path] | None = None
@@ -396,9 +457,9 @@ def run(cfg: PrepConfig, command: str) -> dict[str, Any]:
 def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     assert cfg.out is not None
     t_start = time.perf_counter()
-    srcs, inputs, manifest = _open(cfg)
+    srcs, inputs, manifest, (memory, sample_budget) = _open(cfg)
     t_scan = time.perf_counter()
-    scan, samples = _scan_or_resume(cfg, srcs, manifest)
+    scan, samples = _scan_or_resume(cfg, srcs, manifest, sample_budget)
     scan_s = time.perf_counter() - t_scan
     _check_kept(scan, srcs)
     if "split_mode" not in scan:  # decided once; a resumed run reads it from the manifest
@@ -408,7 +469,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     vocab_size = cfg.vocab_size or auto_vocab_size(scan["bytes"])
     tok = _tokenizer(cfg, cfg.out, manifest, _tokenizer_sample(scan, samples), vocab_size)
     del samples
-    encode_s, encode_cpu_s, main_cpu_s = _encode(cfg, srcs, manifest, scan, tok)
+    encode_s, encode_cpu_s, main_cpu_s = _encode(cfg, srcs, manifest, scan, tok, memory)
     meta = _meta(cfg, srcs, scan, manifest, tok, scan["empty_by_hash"], command)
     (cfg.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
@@ -421,13 +482,14 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     return meta
 
 
-def _open(cfg: PrepConfig) -> tuple[sources.Sources, list[dict], dict[str, Any]]:
+def _open(cfg: PrepConfig) -> tuple[sources.Sources, list[dict], dict[str, Any], tuple[int | None, int]]:
     """The inputs resolved and fingerprinted, --out opened: a new run, or the manifest of the run it resumes
     (refused, naming what changed, when the inputs or the settings differ) -> (sources, fingerprints,
-    manifest)."""
+    manifest, the memory bounds: free bytes and the tokenizer sample's budget)."""
     assert cfg.out is not None
     if cfg.tokenizer_model:
         _reuse_tokenizer(cfg)  # a bad model fails before any work
+    memory, sample_budget = _memory_bounds(cfg)
     srcs = sources.resolve(cfg)
     out = cfg.out
     inputs = srcs.fingerprints()
@@ -437,17 +499,18 @@ def _open(cfg: PrepConfig) -> tuple[sources.Sources, list[dict], dict[str, Any]]
         _run_key(cfg, srcs, inputs),
         lambda: sources.describe_change(shards.read_inputs(out), inputs),
     )
-    return srcs, inputs, manifest
+    return srcs, inputs, manifest, (memory, sample_budget)
 
 
 def _scan_or_resume(
-    cfg: PrepConfig, srcs: sources.Sources, manifest: dict[str, Any]
+    cfg: PrepConfig, srcs: sources.Sources, manifest: dict[str, Any], sample_budget: int
 ) -> tuple[dict[str, Any], tuple[_Sample, _Sample] | None]:
     """Pass 1, or the scan a resumed run recorded -> (scan, the tokenizer samples: None when resumed). A
-    resumed SentencePiece run whose tokenizer was not saved yet scans again for its sample."""
+    resumed SentencePiece run whose tokenizer was not saved yet scans again for its sample. `sample_budget`:
+    the bytes of tokenizer sample memory holds (`_memory_bounds`)."""
     scan = manifest.get("scan")
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
-        return _scan(cfg, srcs)
+        return _scan(cfg, srcs, sample_budget)
     log.info(
         "resuming %s: the scan and %d finished shard group(s) are kept", cfg.out, len(manifest["groups"])
     )
@@ -477,11 +540,17 @@ def _tokenizer_sample(scan: dict[str, Any], samples: tuple[_Sample, _Sample] | N
 
 
 def _encode(
-    cfg: PrepConfig, srcs: sources.Sources, manifest: dict[str, Any], scan: dict[str, Any], tok: Tokenizer
+    cfg: PrepConfig,
+    srcs: sources.Sources,
+    manifest: dict[str, Any],
+    scan: dict[str, Any],
+    tok: Tokenizer,
+    memory: int | None,
 ) -> tuple[float, float, float]:
-    """Pass 2: encode the blocks after the finished shard groups in the workers and append them, in input
-    order, to shard groups; check the bytes encoded against the scan's -> (wall seconds, CPU seconds of the
-    whole process tree, CPU seconds of this process)."""
+    """Pass 2: encode the blocks after the finished shard groups in the workers (as many as the CPUs, the
+    blocks and `memory` allow: `_workers`) and append them, in input order, to shard groups; check the bytes
+    encoded against the scan's -> (wall seconds, CPU seconds of the whole process tree, CPU seconds of this
+    process)."""
     assert cfg.out is not None
     out = cfg.out
     skip_blocks = shards.keep_finished(out, manifest)
@@ -499,7 +568,8 @@ def _encode(
     consumed = skip_blocks
     done_bytes = 0
     spool = shards.spool_dir(out)
-    stream = _encode_stream(fn, _blocks(cfg, srcs, skip_blocks), cfg.num_proc, spool)
+    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks), memory)
+    stream = _encode_stream(fn, blocks, num_proc, spool)
     try:
         for consumed, piece in stream:
             writer.add(piece, consumed)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from app.common.handed import member
 from data_prep import pieces
 from data_prep.errors import UserError
 from data_prep.format import INPUTS_FILE, MANIFEST_FILE, META_FILE, SPLITS, shard_features
@@ -112,12 +113,16 @@ def _difference(old: dict[str, Any], key: dict[str, Any], input_change: Callable
 def keep_finished(out: Path, manifest: dict[str, Any]) -> int:
     """Drop groups whose files no longer match (and any file no group lists); return the blocks they cover."""
     kept = []
-    for group in manifest["groups"]:
+    for i, group in enumerate(manifest["groups"]):
+        where = f"groups[{i}].files.{{}}.name"  # names read only inside --out (app.common.handed)
+        paths = {
+            k: member(out, f["name"], out / MANIFEST_FILE, where.format(k)) for k, f in group["files"].items()
+        }
         ok = all(
-            (out / f["name"]).is_file()
-            and (out / f["name"]).stat().st_size == f["bytes"]
-            and file_digest(out / f["name"]) == f["xxh3_128"]
-            for f in group["files"].values()
+            paths[k].is_file()
+            and paths[k].stat().st_size == f["bytes"]
+            and file_digest(paths[k]) == f["xxh3_128"]
+            for k, f in group["files"].items()
         )
         if not ok:
             break

@@ -244,9 +244,9 @@ def test_resume_refuses_another_model_tokenizer_or_data(reference_run, prepared_
     if change in ("tokenizer", "data"):
         data = tmp_path / "data"
         shutil.copytree(prepared_dir, data)
-        if change == "tokenizer":
+        if change == "tokenizer":  # another valid model of the same size: an unknown protobuf field added
             with open(data / "tokenizer.model", "ab") as f:
-                f.write(b"\0")
+                f.write(b"\xa0\x06\x01")
         else:
             meta = json.loads((data / "meta.json").read_text())
             meta["note"] = "re-prepared"

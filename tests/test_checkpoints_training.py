@@ -140,3 +140,19 @@ def test_a_resume_with_the_same_micro_batches_per_step_keeps_the_data_order(tmp_
         ckpt.check_resumable(
             carried, "step_6", {"precision": "fp32"}, _fingerprint(1, 2, carry_state=True), tmp_path
         )
+
+
+def test_a_manifest_names_files_inside_the_checkpoint_only(tmp_path):
+    """A COMPLETE manifest naming a file outside its folder (with that file's size) was counted complete,
+    and `damaged_files` hashed the outside file; it is now one line naming COMPLETE and the entry."""
+    tag = fake_save(tmp_path / "checkpoints", 5)
+    d = tmp_path / "checkpoints" / tag
+    (tmp_path / "secret").write_bytes(b"s" * 7)
+    manifest = json.loads((d / ckpt.COMPLETE).read_text())
+    manifest["files"]["../../secret"] = {"size": 7}
+    (d / ckpt.COMPLETE).write_text(json.dumps(manifest))
+    for check in (ckpt.is_complete, ckpt.damaged_files, lambda d: ckpt.resolve_checkpoint_dir(tmp_path)):
+        with pytest.raises(
+            UserError, match=r"COMPLETE: files\['\.\./\.\./secret'\] '\.\./\.\./secret' points outside"
+        ):
+            check(d)

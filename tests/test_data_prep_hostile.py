@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def _fatal_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (argv, text the one error line must contain)."""
     (tmp_path / "bin.dat").write_bytes(b"\x00\x01")
     (tmp_path / "only_empty.txt").write_text(" \n")
+    (tmp_path / "one.txt").write_text("one line\n")
     (tmp_path / "broken.csv").write_text('text\n"a"\n"b",extra,fields\n')
     full = tmp_path / "full"
     full.mkdir()
@@ -186,6 +188,8 @@ def _fatal_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     out = str(tmp_path / "o")
     return {
         "missing path": (["--input", str(tmp_path / "nope.txt"), "--out", out], "nope.txt: no such file"),
+        # a block no memory holds (it read the whole corpus into one block)
+        "huge block": (["--input", str(tmp_path / "one.txt"), "--block-mb", "1e9", "--out", out], "--block-mb 1e+09: a block and its tokens need about"),
         "unknown format": (["--input", str(tmp_path / "bin.dat"), "--out", out], "bin.dat: unknown format"),
         "no documents": (["--input", str(tmp_path / "only_empty.txt"), "--out", out], "no documents left in " + str(tmp_path / "only_empty.txt")),
         "broken csv": (["--input", str(tmp_path / "broken.csv"), "--out", out], "broken.csv: cannot load as csv"),
@@ -390,3 +394,44 @@ def test_corpora_as_they_come(tmp_path, capsys):
     good = ["fine json", "fine csv", big, "small", "parquet ok", *lines * 3]
     assert meta["documents"]["kept"] == len(good)
     assert sum(meta["splits"][s]["bytes"] for s in SPLITS) == sum(len(g.encode()) for g in good)
+
+
+@pytest.mark.parametrize("cpus, block_mb, why", [(None, "4", "the input makes 1 block(s) of --block-mb 4 to encode"),
+                                                 ({0}, "0.02", "1 CPU(s) are available to this process")])  # fmt: skip
+def test_num_proc_is_capped_at_the_cpus_and_the_blocks_in_one_line(
+    tmp_path, lines_reference, cpus, block_mb, why
+):
+    """--num-proc 4096 on a 2-core box forked 656 workers and made no progress in 300 s; a worker count above
+    the CPUs the process may use, or above the blocks the input makes, is now capped with one warning line
+    (the output is the same for any count)."""
+    src, _ = lines_reference
+    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), "--doc-split", "line", "--tokenizer", "byte",
+           "--block-mb", block_mb, "--num-proc", "9", "--out", str(tmp_path / "o")]  # fmt: skip
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
+    assert p.returncode == 0, p.stderr
+    capped = [ln for ln in p.stderr.splitlines() if "--num-proc" in ln]
+    assert len(capped) == 1 and capped[0].endswith(f"WARNING --num-proc 9 capped at 1: {why}"), p.stderr
+
+
+def test_a_tokenizer_sample_larger_than_memory_holds_is_capped_in_one_line(tmp_path, lines_reference):
+    """--tokenizer-train-mb 1e9 (a terabyte): the scan would keep that much text twice over, and SentencePiece's
+    trainer many times more; it is capped at what the free memory holds, in one line (this corpus is far
+    smaller, so the tokenizer is the one an uncapped run trains)."""
+    src, _ = lines_reference
+    cmd = [sys.executable, "-m", "data_prep", "--input", str(src), "--doc-split", "line",
+           "--tokenizer-train-mb", "1e9", "--out", str(tmp_path / "o")]  # fmt: skip
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
+    assert p.returncode == 0, p.stderr
+    capped = [ln for ln in p.stderr.splitlines() if "--tokenizer-train-mb" in ln]
+    assert len(capped) == 1 and "WARNING --tokenizer-train-mb 1000000000.0 capped at " in capped[0], p.stderr
+    why = r"capped at \d+: SentencePiece training needs about 22x its sample, and [\d.]+ [GM]iB is available$"
+    assert re.search(why, capped[0]), capped[0]

@@ -20,7 +20,7 @@ from data_prep.integrity import file_digest
 def _damage(prepared: Path, root: Path) -> dict[str, tuple[Path, str]]:
     """name -> (a damaged copy of `prepared`, what the error line must say)."""
     cases = {}
-    for name in ("same_size", "truncated", "missing", "small_vocab"):
+    for name in ("same_size", "truncated", "missing", "small_vocab", "outside", "huge_vocab"):
         shutil.copytree(prepared, root / name)
     train = root / "same_size" / "train" / "00000.arrow"
     size = train.stat().st_size
@@ -42,10 +42,30 @@ def _damage(prepared: Path, root: Path) -> dict[str, tuple[Path, str]]:
     )
     meta["tokenizer"]["vocab_size"] = top  # the largest id is now one past the end
     meta_path.write_text(json.dumps(meta))
-    cases["small_vocab"] = (
+    pieces = load_prepared(prepared).meta["tokenizer"]["vocab_size"]
+    cases["small_vocab"] = (  # what the ids would show: the tokenizer file says it first
         root / "small_vocab",
-        f"{root / 'small_vocab' / 'train' / '00000.arrow'}: token id {top} is outside the vocabulary of {top} "
-        f"that {meta_path} gives",
+        f"{meta_path}: tokenizer.vocab_size is {top:,}, but {root / 'small_vocab' / 'tokenizer.model'} has "
+        f"{pieces:,} ids",
+    )
+    # a train shard outside the folder, with its size and digest: it was trained on
+    manifest_path = root / "outside" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    os.replace(root / "outside" / "train" / "00000.arrow", root / "outside.arrow")
+    manifest["groups"][0]["files"]["train"]["name"] = "../outside.arrow"
+    manifest_path.write_text(json.dumps(manifest))
+    cases["outside"] = (
+        root / "outside",
+        f"{manifest_path}: groups[0].files.train.name '../outside.arrow' points outside",
+    )
+    # a vocabulary of 10^12: the embedding tried to allocate 128 TB (a traceback on rank 0)
+    meta_path = root / "huge_vocab" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tokenizer"]["vocab_size"] = 10**12
+    meta_path.write_text(json.dumps(meta))
+    cases["huge_vocab"] = (
+        root / "huge_vocab",
+        f"{meta_path}: tokenizer.vocab_size must be an integer in [1, 16,777,216], got 1000000000000",
     )
     return cases
 
@@ -58,7 +78,9 @@ def _one_line(stderr: str, rc: int, needle: str) -> None:
 
 
 def test_damaged_data_is_refused_at_start(prepared_dir, tmp_path):
-    """Four damages, each `python app/train.py` as one plain process (the four run side by side)."""
+    """Six damages, each `python app/train.py` as one plain process (the six run side by side): a shard
+    damaged, truncated or missing, a vocabulary too small for the ids or larger than the tokenizer's (10^12),
+    and a shard named outside the folder."""
     procs = {}
     for name, (data, needle) in _damage(prepared_dir, tmp_path).items():
         args = train_args(

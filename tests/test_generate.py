@@ -148,6 +148,12 @@ def test_stops_at_eos(tmp_path, capsys):
         (["--checkpoint", "RUN", *INTERACTIVE, "--prompts", "p.txt"], "--interactive continues one text"),
         (["--checkpoint", "RUN", *INTERACTIVE, "--num-samples", "2"], "--interactive continues one text"),
         (["--checkpoint", "RUN", *INTERACTIVE, "--prompt", "-"], "--interactive reads its turns from stdin"),
+        # a count the memory cannot hold is refused before the model is read (it ran until EOS, keeping every token)
+        (
+            ["--checkpoint", "RUN", "--max-new-tokens", str(10**12)],
+            "new tokens after a prompt of up to 1 tokens needs about",
+        ),
+        (["--checkpoint", "RUN", "--num-samples", str(10**9)], "generating 1,000,000,000 row(s)"),
     ],
 )
 def test_bad_input_is_one_clear_line(byte_run, capsys, args, needle):
@@ -235,3 +241,10 @@ def read_until(stream, done, timeout: float) -> bytes:
             assert chunk, f"stream closed; read {buf[-200:]!r}"
             buf += chunk
     return buf
+
+
+def test_top_k_above_the_vocabulary_is_capped_in_one_line(byte_run, capsys):
+    rc, _, err = run_cli(capsys, "--checkpoint", str(byte_run), "--top-k", "100000", "--max-new-tokens", "3")
+    assert rc == 0 and "# --top-k 100000 capped at 259: the vocabulary has 259 tokens" in err.splitlines(), (
+        err
+    )

@@ -235,3 +235,46 @@ def test_missing_extra_names_the_pip_command(task, capsys, monkeypatch):
         and "pip install 'mlstm-ds[transfer]'" in err[0]
         and "scikit-learn" in err[0]
     )
+
+
+def test_progress_bars_on_a_terminal_and_a_line_per_feature_kind_and_c(task):
+    """stderr a terminal (a pty): featurizing and fine-tuning draw tqdm bars there; stdout (a pipe) gets a
+    line per feature kind and C, and per epoch. Before, the probe said nothing until it ended (25 minutes)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
+    args = [
+        "--checkpoint",
+        str(task / "run"),
+        "--train",
+        str(task / "train.csv"),
+        "--test",
+        str(task / "test.jsonl"),
+    ]
+    args += ["--out", str(task / "out"), "--finetune-epochs", "1", "--heatmap-texts", "0"]
+    p = subprocess.Popen([sys.executable, "app/transfer.py", *args], stdout=subprocess.PIPE, stderr=slave, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = p.communicate(timeout=300)[0]
+    os.close(master)
+    assert p.returncode == 0, err.decode(errors="replace")[-3000:]
+    err_text = err.decode(errors="replace")
+    assert "featurize train" in err_text and "fine-tune epoch 1/1" in err_text  # the bars
+    for kind in ("final_cell", "final_hidden", "mean_hidden", "max_hidden"):
+        assert f"probe {kind}: C 0.015625: validation accuracy" in out and f"probe {kind}: C 16: " in out
+    assert "fine-tune epoch 1/1: loss" in out and "\r" not in out

@@ -5,20 +5,17 @@ from __future__ import annotations
 from app.batching.buckets import BucketSchedule, TokenStore
 from app.batching.carry_schedule import CarrySchedule
 from app.common.errors import UserError
-from app.common.files import check_inside
 from app.parallel.layout import Layout
 from data_prep.format import PreparedDataError, load_prepared
 
 
 def open_prepared(path: str):
-    """`load_prepared(--data)`, its errors naming the flag."""
+    """`load_prepared(--data)` (which reads only inside the folder, app.common.handed), its errors naming the
+    flag."""
     try:
-        data = load_prepared(path)
+        return load_prepared(path)
     except PreparedDataError as e:
         raise UserError(f"--data: {e}") from None
-    if data.tokenizer_path is not None:  # meta.json names it: it must not lead out of the data directory
-        check_inside(data.tokenizer_path, data.path, f"--data {data.path}: meta.json's tokenizer model_file")
-    return data
 
 
 class RunData:

@@ -162,15 +162,20 @@ def expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_state_dict(sd: StateDict, model_cfg: ModelConfig, source: str) -> None:
+    check_shapes({k: tuple(v.shape) for k, v in sd.items()}, model_cfg, source)
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], model_cfg: ModelConfig, source: str) -> None:
+    """The weights' names and shapes are the model config's (one line naming `source` otherwise)."""
     want = expected_shapes(model_cfg)
-    missing = sorted(set(want) - set(sd))
-    extra = sorted(set(sd) - set(want))
+    missing = sorted(set(want) - set(shapes))
+    extra = sorted(set(shapes) - set(want))
     if missing or extra:
         raise UserError(
             f"{source}: weights do not match the model config (missing {missing or 'none'}, "
             f"unexpected {extra or 'none'})"
         )
-    bad = [f"{k} {tuple(sd[k].shape)} != {s}" for k, s in want.items() if tuple(sd[k].shape) != s]
+    bad = [f"{k} {shapes[k]} != {s}" for k, s in want.items() if shapes[k] != s]
     if bad:
         raise UserError(f"{source}: weight shapes do not match the model config: {'; '.join(bad)}")
 

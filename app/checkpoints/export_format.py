@@ -44,6 +44,22 @@ def read_export_config(d: Path) -> dict:
     return cfg
 
 
+def weight_shapes(d: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes model.safetensors declares, from its header alone (nothing is loaded)."""
+    p = Path(d) / WEIGHTS_FILE
+    try:
+        with open(p, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= size - 8:
+                raise ValueError(f"a header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        return {k: tuple(int(x) for x in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{p}: unreadable or corrupt safetensors file ({e})") from None
+
+
 def read_weights(d: Path, model_cfg: ModelConfig) -> StateDict:
     """The exported state dict (safetensors: tensors only, nothing executed), checked against the config."""
     from safetensors import SafetensorError

@@ -11,13 +11,22 @@ from pathlib import Path
 
 import torch
 
-from app.checkpoints.consolidate import StateDict, checkpoint_state_dict
+from app.checkpoints.consolidate import StateDict, check_shapes, checkpoint_state_dict
 from app.checkpoints.dir_kind import check_not_prepared_data
-from app.checkpoints.export_format import TOKENIZER_FILE, is_export_dir, read_export_config, read_weights
+from app.checkpoints.export_format import (
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    is_export_dir,
+    read_export_config,
+    read_weights,
+    weight_shapes,
+)
 from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
+from app.common import handed
 from app.common.errors import UserError
 from app.common.files import check_tree_inside
-from app.model.config import ModelConfig
+from app.common.resources import fmt_bytes
+from app.model.config import ModelConfig, matrix_parameters
 from app.model.lm import LanguageModel
 
 
@@ -78,13 +87,44 @@ def _model_cfg(d: object, where: Path) -> ModelConfig:
         raise UserError(f"{where}: invalid model_config ({e})") from None
 
 
+MAX_LAYERS = 4096  # recurrent layers a handed-over config may state (the presets have 1 or 2)
+
+
+def check_sizes(src: Source, file: Path) -> Source:
+    """The sizes `file` (the folder's JSON) states, before anything is built from them (app.common.handed):
+    the vocabulary against the tokenizer file and the model's, the model's dimensions against the weights:
+    an export's against the shapes its safetensors header declares, a checkpoint's against the bytes its
+    files hold (at least 2 a matrix parameter, bf16; its DeepSpeed files are pickles, read only on use)."""
+    vocab = handed.check_vocab(src.tokenizer_meta, src.path / TOKENIZER_FILE, file)
+    cfg = src.model_cfg
+    if cfg.vocab_size != vocab:
+        raise handed.refuse(
+            file, "model_config.vocab_size", f"is {cfg.vocab_size:,}, the tokenizer's {vocab:,}"
+        )
+    handed.count(cfg.num_layers, file, "model_config.num_layers", 1, MAX_LAYERS)
+    if src.kind == "export":
+        check_shapes(weight_shapes(src.path), cfg, f"{src.path / WEIGHTS_FILE} (against {file})")
+        return src
+    need = 2 * matrix_parameters(cfg)
+    have = sum(f.stat().st_size for f in src.path.rglob("*") if f.is_file())
+    if need > have:
+        raise handed.refuse(
+            file,
+            "model_config",
+            f"(vocab {cfg.vocab_size:,}, embed {cfg.embed_dim:,}, hidden {cfg.hidden_dim:,}, "
+            f"{cfg.num_layers:,} layers) needs at least {fmt_bytes(need)} of weights (2 bytes a parameter); "
+            f"the files of {src.path} hold {fmt_bytes(have)}",
+        )
+    return src
+
+
 def open_source(path: str | Path) -> Source:
     p = Path(path)
     check_not_prepared_data(p, "--checkpoint")
     if is_export_dir(p):
         check_tree_inside(p, p, "--checkpoint")  # weights and tokenizer: inside the folder handed to us
         cfg = read_export_config(p)
-        return Source(
+        src = Source(
             path=p,
             kind="export",
             model_cfg=_model_cfg(cfg.get("model_config"), p / "config.json"),
@@ -92,6 +132,7 @@ def open_source(path: str | Path) -> Source:
             step=cfg.get("step"),
             trained_layout=cfg.get("trained_layout"),
         )
+        return check_sizes(src, p / "config.json")
     d = resolve_checkpoint_dir(p)
     check_tree_inside(d, p if p.exists() else p.parent, "--checkpoint")  # <run>/best names no folder
     state = read_app_state(d)
@@ -99,7 +140,7 @@ def open_source(path: str | Path) -> Source:
     if not isinstance(tok, dict):
         raise UserError(f"{d / 'app_state.json'}: no tokenizer entry")
     layout = state.get("layout") or {}
-    return Source(
+    src = Source(
         path=d,
         kind="checkpoint",
         model_cfg=_model_cfg(state.get("model_config"), d / "app_state.json"),
@@ -108,3 +149,4 @@ def open_source(path: str | Path) -> Source:
         trained_layout=layout or None,
         zero_stage=int(layout.get("zero_stage", 0)),
     )
+    return check_sizes(src, d / "app_state.json")

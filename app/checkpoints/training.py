@@ -33,6 +33,7 @@ import torch
 
 from app.common.errors import UserError
 from app.common.files import atomic_write, fsync_dir, read_json_object
+from app.common.handed import member
 from app.model import matmul
 
 log = logging.getLogger("mlstm")
@@ -86,12 +87,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _manifest(ckpt_dir: Path) -> dict | None:
+def _manifest(ckpt_dir: Path) -> dict[Path, dict] | None:
+    """{file: {size[, sha256]}} of the checkpoint's manifest, every name read only inside the folder (one line
+    naming COMPLETE and the entry otherwise); None when it is missing or unreadable."""
     try:
         files = json.loads((ckpt_dir / COMPLETE).read_text())["files"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return None
-    return files if isinstance(files, dict) else None
+    if not isinstance(files, dict):
+        return None
+    out = {}
+    for name, entry in files.items():
+        path = member(ckpt_dir, name, ckpt_dir / COMPLETE, f"files[{name!r}]")
+        out[path] = entry if isinstance(entry, dict) else {"size": entry}  # format-1 manifests: sizes only
+    return out
 
 
 def is_complete(ckpt_dir: Path) -> bool:
@@ -99,12 +108,7 @@ def is_complete(ckpt_dir: Path) -> bool:
     files = _manifest(ckpt_dir)
     if files is None:
         return False
-    for name, entry in files.items():
-        size = entry["size"] if isinstance(entry, dict) else entry  # format-1 manifests: sizes only
-        f = ckpt_dir / name
-        if not f.is_file() or f.stat().st_size != size:
-            return False
-    return True
+    return all(f.is_file() and f.stat().st_size == want["size"] for f, want in files.items())
 
 
 def damaged_files(ckpt_dir: Path) -> list[str]:
@@ -113,9 +117,8 @@ def damaged_files(ckpt_dir: Path) -> list[str]:
     if files is None:
         return [COMPLETE]
     bad = []
-    for name, entry in files.items():
-        f = ckpt_dir / name
-        want = entry if isinstance(entry, dict) else {"size": entry}
+    for f, want in files.items():
+        name = str(f.relative_to(ckpt_dir))
         if (
             not f.is_file()
             or f.stat().st_size != want["size"]

@@ -100,3 +100,14 @@ def library_prints() -> Iterator[None]:
         for line in buf.getvalue().splitlines():
             if line.strip():
                 log.debug(line)
+
+
+def progress_bar(total: int, desc: str, unit: str):
+    """A tqdm bar on stderr for long work, shown only on a terminal: in a log file or a pipe it would be
+    hundreds of carriage-return redraws on one line (the lines the work prints are the log there)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=False, file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+    )  # fmt: skip

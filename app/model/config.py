@@ -139,6 +139,15 @@ def recurrent_flops_per_token(cell: str, in_dim: int, hidden_dim: int) -> float:
     return 2.0 * (4 * h * in_dim + 4 * h * h)
 
 
+def matrix_parameters(cfg: ModelConfig) -> int:
+    """The model's matrix parameters (embedding, recurrent matrices, untied head; biases and gains left out),
+    in closed form: a config read from a handed-over file may state 10^12 layers, which no loop should meet."""
+    e, h, layers = cfg.embed_dim, cfg.hidden_dim, cfg.num_layers
+    per_in, per_h = (5 * h, 5 * h) if cfg.cell == "mlstm" else (4 * h, 4 * h)  # (input side, state side) rows
+    recurrent = per_in * e + per_h * h + (layers - 1) * (per_in + per_h) * h
+    return cfg.vocab_size * e + recurrent + (0 if cfg.tie_embeddings else h * cfg.vocab_size)
+
+
 def head_flops_per_token(cfg: ModelConfig) -> float:
     """Forward matmul FLOPs per token of the output head."""
     return 2.0 * cfg.hidden_dim * cfg.vocab_size

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.common.logs import progress_bar
 from app.model.lm import LanguageModel
 
 CACHE_VERSION = 2
@@ -91,22 +92,30 @@ def batch_features(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tenso
 
 
 def featurize_sets(
-    model: LanguageModel, ids: list[np.ndarray], layers: list[int], batch_tokens: int, pad_id: int
+    model: LanguageModel,
+    ids: list[np.ndarray],
+    layers: list[int],
+    batch_tokens: int,
+    pad_id: int,
+    name: str = "texts",
 ) -> FeatureSets:
-    """Every kind of feature of every text, read once in length-sorted batches under `batch_tokens`."""
+    """Every kind of feature of every text, read once in length-sorted batches under `batch_tokens` (a
+    progress bar on a terminal, counting the texts of `name`)."""
     dev = model.embedding.weight.device
     lengths = np.asarray([len(s) for s in ids], dtype=np.int64)
     width = model.cfg.hidden_dim * len(layers)
     out = {k: np.zeros((len(ids), width), dtype=np.float32) for k in FEATURES}
     t0 = time.perf_counter()
-    for rows in length_batches(lengths, batch_tokens):
-        T = int(lengths[rows].max())
-        batch = np.full((len(rows), T), pad_id, dtype=np.int64)
-        for r, i in enumerate(rows):
-            batch[r, : lengths[i]] = ids[i]
-        lens = torch.from_numpy(lengths[rows]).to(dev)
-        for k, f in batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers).items():
-            out[k][rows] = f.float().cpu().numpy()
+    with progress_bar(len(ids), f"featurize {name}", "text") as bar:
+        for rows in length_batches(lengths, batch_tokens):
+            T = int(lengths[rows].max())
+            batch = np.full((len(rows), T), pad_id, dtype=np.int64)
+            for r, i in enumerate(rows):
+                batch[r, : lengths[i]] = ids[i]
+            lens = torch.from_numpy(lengths[rows]).to(dev)
+            for k, f in batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers).items():
+                out[k][rows] = f.float().cpu().numpy()
+            bar.update(len(rows))
     return FeatureSets(out, int(lengths.sum()), time.perf_counter() - t0, False)
 
 

@@ -10,7 +10,9 @@ shuffled order; a text longer than `max_tokens` is read up to there (in every sp
 On CUDA the padded length is rounded up to a multiple of CUDA_PAD, so the Triton core's CUDA graphs
 (one per batch shape) are reused rather than recorded for every new length. After each epoch the
 validation accuracy is measured; the epoch with the best one keeps its weights, and they score the
-train and test rows. The checkpoint's files are never written: the model is a float32 copy in memory.
+train and test rows. Epochs stop early once PATIENCE of them in a row have not beaten the best one (more
+cannot be picked unless the accuracy climbs back), said in one line; every epoch has a progress bar on a
+terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in memory.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from app.common.logs import progress_bar
 from app.model.lm import LanguageModel
 from app.probing.features import length_batches
 
@@ -32,6 +35,7 @@ HEAD_LR_SCALE = 3.0
 WEIGHT_DECAY = 0.01
 CLIP_NORM = 1.0
 CUDA_PAD = 64
+PATIENCE = 3  # epochs without a better validation accuracy before fine-tuning stops (the best one is kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +134,15 @@ def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id
 
 
 def _epoch(
-    clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, rng
+    clf: Classifier, opt, data: Split, cfg: FineTuneConfig, pad_id: int, rng, epoch: int
 ) -> tuple[float, int, float]:
-    """One pass over the training rows -> (mean loss, tokens read, seconds)."""
+    """One pass over the training rows -> (mean loss, tokens read, seconds); a bar on a terminal."""
     clf.train()
     seqs, y = data
     dev = clf.head.weight.device
     params = [p for g in opt.param_groups for p in g["params"]]
-    total, tokens, t0 = 0.0, 0, time.perf_counter()
+    total, tokens, rows_done, t0 = 0.0, 0, 0, time.perf_counter()
+    bar = progress_bar(len(seqs), f"fine-tune epoch {epoch}/{cfg.epochs}", "text")
     for rows in _batches(seqs, cfg, rng):
         ids, lengths = _pad(seqs, rows, pad_id, dev)
         loss = F.cross_entropy(clf(ids, lengths), torch.from_numpy(y[rows]).to(dev))
@@ -147,6 +152,10 @@ def _epoch(
         opt.step()
         total += float(loss.detach()) * len(rows)
         tokens += int(lengths.sum())
+        rows_done += len(rows)
+        bar.update(len(rows))
+        bar.set_postfix(loss=f"{total / rows_done:.4f}", refresh=False)
+    bar.close()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return total / len(seqs), tokens, time.perf_counter() - t0
@@ -186,13 +195,19 @@ def fine_tune(
     rng = np.random.default_rng(cfg.seed)
     val_acc, losses, best, best_state, tokens, seconds = [], [], -1.0, None, 0, 0.0
     for epoch in range(1, cfg.epochs + 1):
-        loss, n, secs = _epoch(clf, opt, train, cfg, pad_id, rng)
+        loss, n, secs = _epoch(clf, opt, train, cfg, pad_id, rng, epoch)
         losses.append(loss)
         tokens, seconds = tokens + n, seconds + secs
         val_acc.append(accuracy(clf, val, cfg, pad_id)[0])
         log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation accuracy {val_acc[-1]:.4f}")
         if val_acc[-1] > best:  # ties: the earlier epoch
             best, best_state = val_acc[-1], copy.deepcopy(clf.state_dict())
+        elif epoch - (val_acc.index(best) + 1) >= PATIENCE and epoch < cfg.epochs:
+            log(
+                f"fine-tune: validation accuracy has not improved for {PATIENCE} epochs (best: epoch "
+                f"{val_acc.index(best) + 1}); stopping at epoch {epoch} of {cfg.epochs}"
+            )
+            break
     clf.load_state_dict(best_state)
     test_acc, test_pred = accuracy(clf, test, cfg, pad_id)
     return FineTuned(

@@ -2,57 +2,73 @@
 neuron that carries most of the label (Radford et al. 2017).
 
 Features are standardised with the training rows' mean and deviation, so |weight| ranks neurons on one
-scale and the solver converges (liblinear for two classes, saga's multinomial fit for more).
+scale and the solver converges. A column's deviation is floored at SCALE_FLOOR of the median column's:
+max-pooled tanh outputs saturate, and dividing a near-constant column by its own tiny deviation (plus 1e-6,
+as before) turned it into values in the thousands that dominated the fit and stalled liblinear for over
+10 minutes. The C grid is one warm-started path with bounded iterations (app/probing/l1_path.py); each C
+is one line (validation accuracy, non-zero weights, iterations, converged or not, seconds).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from app.probing.l1_path import l1_path
+
 C_GRID = tuple(float(c) for c in 2.0 ** np.arange(-6, 5))  # 0.016 .. 16
+SCALE_FLOOR = 0.1  # a column's deviation is at least this share of the median column's
 
 
-def _logreg(C: float, l1: bool, seed: int, binary: bool):
-    import sklearn
+def standardise(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, scale) of the training rows' columns, each scale floored at SCALE_FLOOR x the median one."""
+    mean, std = X.mean(0), X.std(0)
+    typical = float(np.median(std))
+    return mean, np.maximum(std, SCALE_FLOOR * typical if typical > 0 else 1.0)
+
+
+def _logreg(C: float, seed: int):
     from sklearn.linear_model import LogisticRegression
 
-    major_minor = tuple(int(v) for v in sklearn.__version__.split(".")[:2])
-    # scikit-learn 1.8 deprecated `penalty`: L1 is l1_ratio=1 there; older releases need penalty="l1"
-    pen = ({"l1_ratio": 1.0} if major_minor >= (1, 8) else {"penalty": "l1"}) if l1 else {}
-    # liblinear solves binary L1 exactly and fast; multi-class (multinomial) needs saga
-    solver = "liblinear" if binary else "saga"
-    return LogisticRegression(C=C, solver=solver, max_iter=1000, tol=1e-3, random_state=seed, **pen)
+    # the single-neuron fit: one feature, L2, C large (about unregularised): exact and instant either way
+    return LogisticRegression(C=C, solver="liblinear", max_iter=1000, tol=1e-3, random_state=seed)
 
 
-def _fit(X: np.ndarray, y: np.ndarray, C: float, l1: bool, seed: int):
+def _fit(X: np.ndarray, y: np.ndarray, C: float, seed: int):
     from sklearn.exceptions import ConvergenceWarning
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        model = _logreg(C, l1, seed, binary=len(np.unique(y)) <= 2).fit(X, y)
-    return model, not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return _logreg(C, seed).fit(X, y) if len(np.unique(y)) <= 2 else _multi(C, seed).fit(X, y)
+
+
+def _multi(C: float, seed: int):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=C, solver="lbfgs", max_iter=1000, random_state=seed)
 
 
 @dataclass(frozen=True, slots=True)
 class Probe:
     C: float
     val_accuracy: dict[float, float]  # per C tried
+    converged_by_C: dict[float, bool]  # per C tried: within its iteration bound
     train_accuracy: float
     test_accuracy: float
     nonzero: int  # neurons with a non-zero weight for some class
     top: list[dict]  # [{"neuron", "weight" (per class for multi-class)}], by |weight|
     single: dict  # the top neuron alone: {"neuron", "test_accuracy", "train_accuracy", "thresholds"}
-    converged: bool
+    converged: bool  # the refit on train + validation at the chosen C
     test_pred: np.ndarray
 
 
 def _single_neuron(neuron: int, tr: tuple, te: tuple, seed: int) -> dict:
     """Accuracy of one neuron alone: a 1-feature logistic regression (thresholds fitted on train)."""
     (Xtr, ytr), (Xte, yte) = tr, te
-    model, _ = _fit(Xtr[:, [neuron]], ytr, 1e4, l1=False, seed=seed)  # ~unregularised
+    model = _fit(Xtr[:, [neuron]], ytr, 1e4, seed)  # ~unregularised
     w, b = model.coef_[:, 0], model.intercept_
     # binary: the decision is w x + b = 0, i.e. one threshold on the neuron's (standardised) value
     thresholds = [float(-b[0] / w[0])] if len(w) == 1 and w[0] != 0 else None
@@ -64,18 +80,45 @@ def _single_neuron(neuron: int, tr: tuple, te: tuple, seed: int) -> dict:
     }
 
 
+def _line(name: str, fit, val_acc: float | None = None) -> str:
+    """One line per fit: what a user watching the probe sees (a C of the grid, or the refit)."""
+    what = f"validation accuracy {val_acc:.4f}" if val_acc is not None else "refit on train + validation"
+    state = "converged" if fit.converged else "not converged (iteration bound reached)"
+    return (
+        f"probe {name}: C {fit.C:g}: {what}, {int((fit.coef != 0).any(0).sum())} non-zero weights, "
+        f"{fit.iterations} iterations, {state}, {fit.seconds:.1f} s"
+    )
+
+
 def fit_probe(
-    train: tuple, val: tuple, test: tuple, top_k: int, seed: int
+    train: tuple,
+    val: tuple,
+    test: tuple,
+    top_k: int,
+    seed: int,
+    name: str = "features",
+    log: Callable[[str], None] = lambda _: None,
 ) -> tuple[Probe, np.ndarray, np.ndarray]:
-    """(X, y) triples, raw features -> (Probe, feature mean, feature std) (standardised with train's stats)."""
-    mean, std = train[0].mean(0), train[0].std(0) + 1e-6
-    Xtr, Xva, Xte = ((X - mean) / std for X in (train[0], val[0], test[0]))
+    """(X, y) triples, raw features -> (Probe, feature mean, feature scale) (standardised with train's
+    statistics); `log` gets a line per C and for the refit."""
+    mean, scale = standardise(train[0])
+    Xtr, Xva, Xte = ((X - mean) / scale for X in (train[0], val[0], test[0]))
     ytr, yva, yte = train[1], val[1], test[1]
-    val_acc = {C: float(_fit(Xtr, ytr, C, True, seed)[0].score(Xva, yva)) for C in C_GRID}
+    k = int(max(ytr.max(), yva.max(), yte.max())) + 1
+
+    def report(fit) -> None:
+        val_acc[fit.C] = fit.score(Xva, yva)
+        log(_line(name, fit, val_acc[fit.C]))
+
+    val_acc: dict[float, float] = {}
+    fits = {f.C: f for f in l1_path(Xtr, ytr, k, C_GRID, report)}
     best_C = max(C_GRID, key=lambda C: (val_acc[C], -C))  # ties: the sparser (smaller C) model
-    # refit on train + validation rows with the chosen C, as is usual once C is fixed
-    model, converged = _fit(np.concatenate([Xtr, Xva]), np.concatenate([ytr, yva]), best_C, True, seed)
-    coef = model.coef_  # (1 or K, H)
+    # refit on train + validation rows with the chosen C, as is usual once C is fixed (from its path point)
+    model = l1_path(np.concatenate([Xtr, Xva]), np.concatenate([ytr, yva]), k, (best_C,), start=fits[best_C])[
+        0
+    ]
+    log(_line(name, model))
+    coef = model.coef  # (1 or K, H)
     strength = np.abs(coef).max(0)  # (H,)
     order = np.argsort(-strength, kind="stable")[:top_k]
     top = [
@@ -85,16 +128,17 @@ def fit_probe(
     ]
     single = _single_neuron(int(order[0]), (Xtr, ytr), (Xte, yte), seed)
     n, thr = single["neuron"], single.pop("threshold_standardised")
-    single["threshold"] = [float(t * std[n] + mean[n]) for t in thr] if thr else None  # raw neuron value
+    single["threshold"] = [float(t * scale[n] + mean[n]) for t in thr] if thr else None  # raw neuron value
     probe = Probe(
         C=best_C,
         val_accuracy=val_acc,
-        train_accuracy=float(model.score(Xtr, ytr)),
-        test_accuracy=float(model.score(Xte, yte)),
+        converged_by_C={C: f.converged for C, f in fits.items()},
+        train_accuracy=model.score(Xtr, ytr),
+        test_accuracy=model.score(Xte, yte),
         nonzero=int((strength > 0).sum()),
         top=top,
         single=single,
-        converged=converged,
+        converged=model.converged,
         test_pred=model.predict(Xte),
     )
-    return probe, mean, std
+    return probe, mean, scale

@@ -11,6 +11,7 @@ import torch
 from app.checkpoints.loader import Source, open_source
 from app.common.errors import UserError
 from app.common.files import atomic_write
+from app.probing.bounds import cap_counts, check_batches
 from app.probing.config import FEATURES, TransferConfig, parse_layers
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
 
@@ -77,8 +78,10 @@ class Transfer:
         self.kinds = FEATURES if cfg.features == "auto" else (cfg.features,)
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is available")
+        width = self.src.model_cfg.hidden_dim * len(self.layers)
+        cap_counts(cfg, width, {"train": len(self.train.texts), "test": len(self.test.texts)}, _progress)
 
-    def _features(self, model, data: Labelled, ids: list, ckpt_digest: str):
+    def _features(self, model, name: str, data: Labelled, ids: list, ckpt_digest: str):
         from app.probing.features import cache_path, cached_or_featurize, featurize_sets
 
         c = self.cfg
@@ -89,7 +92,7 @@ class Transfer:
         pad = self.tokenizer.pad_id
 
         def compute():
-            return featurize_sets(model, ids, self.layers, c.batch_tokens, pad)
+            return featurize_sets(model, ids, self.layers, c.batch_tokens, pad, name)
 
         return cached_or_featurize(paths, len(ids), model.cfg.hidden_dim * len(self.layers), compute)
 
@@ -102,7 +105,8 @@ class Transfer:
         out = {}
         for name, data in sets.items():
             ids = token_ids(self.tokenizer, data.texts)
-            out[name] = (self._features(model, data, ids, digest), ids)
+            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False)
+            out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
 
     def _split(self):
@@ -142,7 +146,8 @@ class Transfer:
         first in FEATURES order) -> (kind, its Probe, {kind: best validation accuracy})."""
         from app.probing.probe import fit_probe
 
-        probes = {k: fit_probe(*self._xy(feats, k), self.cfg.top_k, self.cfg.seed)[0] for k in self.kinds}
+        c = self.cfg
+        probes = {k: fit_probe(*self._xy(feats, k), c.top_k, c.seed, k, _progress)[0] for k in self.kinds}
         best_val = {k: max(p.val_accuracy.values()) for k, p in probes.items()}
         kind = max(self.kinds, key=lambda k: (best_val[k], -self.kinds.index(k)))
         return kind, probes[kind], best_val
@@ -166,6 +171,10 @@ class Transfer:
             from_scratch=c.finetune_from_scratch,
         )
         n_classes = len(self.classes.names)
+        train = (
+            splits[0][0] if not c.finetune_max_tokens else [s[: c.finetune_max_tokens] for s in splits[0][0]]
+        )
+        check_batches("fine-tuning on --train", train, c, model.cfg, max(self.layers) + 1, training=True)
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
 
     def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
@@ -228,6 +237,7 @@ class Transfer:
             "train_val_rows": list(split) if split else None,
             "C": probe.C,
             "val_accuracy_by_C": {f"{k:g}": v for k, v in probe.val_accuracy.items()},
+            "converged_by_C": {f"{k:g}": v for k, v in probe.converged_by_C.items()},
             "train_accuracy": probe.train_accuracy,
             "test_accuracy": probe.test_accuracy,
             "majority_class_test_accuracy": float(np.bincount(test[1]).max() / len(test[1])),
