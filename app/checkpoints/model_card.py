@@ -97,7 +97,7 @@ def _source_line(meta: dict | None) -> str:
 
 def _data_section(config: dict | None, meta: dict | None) -> str:
     data = (config or {}).get("data") or {}
-    splits = (meta or {}).get("splits") or data.get("splits")
+    splits = data.get("splits")
     if not splits:
         return "## Data\n\nThe data summary was not recorded with this checkpoint."
     name = PurePath(str(data.get("path") or (config or {}).get("train", {}).get("data") or "?")).name
@@ -106,7 +106,7 @@ def _data_section(config: dict | None, meta: dict | None) -> str:
         docs = meta.get("documents", {})
         lines.append(
             f"{docs.get('kept')} documents kept of {docs.get('records')} read; examples up to "
-            f"{meta.get('max_seq_len')} tokens; {meta.get('bytes_per_token', 0):.3f} bytes per token (train)."
+            f"{meta.get('max_seq_len')} tokens; {meta.get('bytes_per_token') or 0:.3f} bytes per token (train)."
         )
     rows = [
         [k, f"{s['docs']:,}", f"{s['examples']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}"]
