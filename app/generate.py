@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = src.tokenizer()
     lengths = [len(ids) for ids in tokenizer.encode_batch(prompts or [cfg.prompt or ""])]
     sampling = bound(
-        cfg, lengths, src.model_cfg, lambda line: print(f"# {line}", file=sys.stderr, flush=True)
+        cfg, lengths, src.model_cfg, lambda line: print(f"# {line}", file=sys.stderr, flush=True), device
     )
     decoder = Decoder(src.load_model(device))
     print(f"# {src.describe()} | {device}", file=sys.stderr, flush=True)

@@ -33,9 +33,11 @@ held for backward (tensors saved by autograd, deduplicated by storage), the part
 memory that grows with B*T; `max_rss_mb` is the whole process's peak. The last line printed is JSON.
 
 With --device cuda the profiler's CUDA kernels are counted instead (memcpy/memset left out), with CUDA
-graphs off (`kernels_per_step`) and on (`graph_kernels_per_step`). `gpu_targets`: the fused (Triton)
-core's bf16 model FLOP/s against cuDNN's nn.LSTM in bf16 (>= 0.8 large, >= 0.5 small) and its bf16
-tokens/s against the Python core's (>= 4 small). `--save` appends the JSON line to
+graphs off (`kernels_per_step`) and on (`graph_kernels_per_step`); the contenders add `auto_*` (what
+`model.core=auto` runs), `loop_<name>_bf16` (each GPU loop forced) and the carried state in bf16, and each
+size reports the loops the tuner chose with its times (`chosen`). `gpu_targets` (issue 34): `auto` bf16 model
+FLOP/s against cuDNN's nn.LSTM bf16 >= 0.8 at both sizes, `auto` fp32 tokens/s >= the Python core's at both,
+the Triton core from a carried state >= 3x the Python core's at the small size. `--save` appends the JSON line to
 bench/results/mlstm_layer-<device>-<date>.json (bench/results.py: with the git commit).
 """
 

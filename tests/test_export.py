@@ -76,3 +76,25 @@ def test_corrupt_export_is_one_clear_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and "model.safetensors" in err[0]
     assert export_main(["--checkpoint", str(tmp_path / "run")]) == 2
     assert "--out is required" in capsys.readouterr().err
+
+
+def test_the_card_states_the_data_from_the_checkpoint_not_from_the_folder_it_names(prepared_dir, tmp_path):
+    """The data summary is recorded in every checkpoint; export never opens the data folder the run named (a
+    checkpoint handed over from elsewhere may name any folder): a meta.json changed there after training does
+    not reach the card."""
+    import shutil
+
+    from launcher import train_one_process
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_dir, data)
+    p = train_one_process(data, tmp_path / "run", "--max-steps", "1", "--eval-every", "0", "--test-eval", "false",
+                          "--samples", "0", "--wandb-mode", "disabled")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    meta = json.loads((data / "meta.json").read_text())
+    meta["source"] = {"kind": "hub", "name": "planted-after-training"}
+    (data / "meta.json").write_text(json.dumps(meta))
+    assert export_main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    card = (tmp_path / "exp" / "README.md").read_text()
+    assert "planted-after-training" not in card
+    assert "the embedded default corpus" in card and "documents kept of" in card, card

@@ -137,28 +137,6 @@ def test_an_older_triton_is_named_and_not_run(monkeypatch):
     assert triton_core.available(x, w) is None
 
 
-def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_path):
-    """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): all three loops timed each way
-    and none left out (they agree with the cuBLAS loop), a loop that computes something else left out with
-    why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
-    out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
-    assert set(out["choice"]) == TIMED, out
-    assert all(isinstance(v, float) for v in out["choice"].values()), out
-    assert (
-        out["wrong"]["picked"] == "cublas"
-        and "outputs differ from the cublas loop's" in out["wrong"]["times"]["fwd/wrong"]
-    )
-    assert out["python"] == [True, True] and out["logged"] == 1
-
-
-def test_a_micro_batch_with_fewer_rows_shares_its_bucket():
-    from app.model.gpu_tuning import _key, batch_bucket
-
-    assert [batch_bucket(b) for b in (1, 16, 17, 64, 65, 256)] == [16, 16, 32, 64, 128, 256]
-    w = torch.zeros(8, 8)
-    assert _key(torch.zeros(3, 2, 4), w) == _key(torch.zeros(11, 2, 4), w) != _key(torch.zeros(17, 2, 4), w)
-
-
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     """Triton's real compiler (not the interpreter) builds both kernels, every way they run, for an H100 in
     bf16 and fp32, the backward split over K too; the products' K loops are software-pipelined, and the
@@ -174,20 +152,6 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     assert out["mlstm_fwd/phase2/dot/bf16"]["wgmma"] and out["mlstm_fwd/phase0/dot/bf16"]["wgmma"], out
     # the backward's K = 4H phase split over K: 64 units as M, the whole batch as N
     assert out["mlstm_bwd/phase2/splitk/bf16"]["wgmma"] and out["mlstm_bwd/phase0/splitk/bf16"]["wgmma"], out
-
-
-def test_tiles_give_every_sm_work_and_keep_large_layers_whole_batch():
-    from app.model.gpu_tuning import tiles_for
-
-    t = tiles_for(64, 1024, torch.bfloat16, sms=132, weights_in_l2=True)
-    assert (t.n_r(64, 1024), t.n_g(64, 1024)) == (128, 128) and 4 * t.bu_g == 64, t  # one wave; M = 64
-    big = tiles_for(128, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
-    assert big.bb_r == big.bb_g == 128, big  # weights streamed from HBM once per step, not per batch tile
-    tiny = tiles_for(3, 20, torch.float32, sms=132, weights_in_l2=True)
-    assert min(tiny.bb_r, tiny.bu_r, tiny.bb_g, 4 * tiny.bu_g, tiny.bk) >= 16, tiny  # tl.dot's minimum
-
-
-# ---- on a CUDA device
 
 
 def _cuda_case(B, T, D, H, dtype, seed=0):
@@ -208,6 +172,9 @@ def _grads(fn, x, ws, dy, dtype):
     y = fn.apply(*leaves)
     (y.float() * dy).sum().backward()
     return [y.detach().double()] + [t.grad.double() for t in leaves]
+
+
+# ---- on a CUDA device
 
 
 @pytest.fixture
@@ -288,12 +255,27 @@ def test_cuda_graph_replay_equals_the_eager_loop(monkeypatch, loop, forced_loop)
     runs = [_grads(triton_core.TritonMLSTMFunction, x, ws, dy, torch.bfloat16) for _ in range(3)]
     assert gpu_loops.graphs_held() == 2  # forward and backward captured (the first call ran eagerly)
     x2, ws2, dy2 = _cuda_case(8, 7, 64, 128, torch.bfloat16, seed=5)  # a shorter length: the same arena
-    for _ in range(2):
-        _grads(triton_core.TritonMLSTMFunction, x2, ws2, dy2, torch.bfloat16)
+    monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "0")
+    eager2 = _grads(triton_core.TritonMLSTMFunction, x2, ws2, dy2, torch.bfloat16)
+    monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "1")
+    runs2 = [_grads(triton_core.TritonMLSTMFunction, x2, ws2, dy2, torch.bfloat16) for _ in range(2)]
     assert gpu_loops.graphs_held() == 4 and len(gpu_loops._arenas) == 2
-    for run in runs:
-        for a, b in zip(run, eager):
+    for run, want in [*((r, eager) for r in runs), *((r, eager2) for r in runs2)]:
+        for a, b in zip(run, want):
             assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_arenas_are_capped(forced_loop):
+    """Each batch size has its own arena (a whole sequence's buffers): at most MAX_ARENAS are kept."""
+    from app.model import gpu_loops, triton_core
+
+    forced_loop("step")
+    for B in range(3, 3 + 2 * gpu_loops.MAX_ARENAS):
+        x, ws, dy = _cuda_case(B, 6, 32, 64, torch.bfloat16, seed=B)
+        for _ in range(2):  # eager, then captured
+            _grads(triton_core.TritonMLSTMFunction, x, ws, dy, torch.bfloat16)
+        assert len(gpu_loops._arenas) <= gpu_loops.MAX_ARENAS
 
 
 @pytest.mark.gpu

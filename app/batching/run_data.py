@@ -75,9 +75,18 @@ class RunData:
         return self._schedules[split]
 
     def describe(self) -> dict:
-        """The data part of the resolved run config."""
+        """The data part of the resolved run config, which every checkpoint records: an export's model card
+        reads the data's summary here, never from the data folder the run named (outside what it is handed)."""
+        meta = self.prepared.meta
+        docs = meta.get("documents") or {}
         return {
             "path": str(self.prepared.path),
             "tokenizer": self.tokenizer,
-            "splits": self.prepared.meta.get("splits"),
+            "splits": meta.get("splits"),
+            "summary": {
+                "source": meta.get("source"),
+                "documents": {"kept": docs.get("kept"), "records": docs.get("records")},
+                "max_seq_len": meta.get("max_seq_len"),
+                "bytes_per_token": meta.get("bytes_per_token"),
+            },
         }

@@ -80,7 +80,7 @@ def _training_section(config: dict | None, step: int | None, layout: dict | None
 
 
 def _source_line(meta: dict | None) -> str:
-    src = (meta or {}).get("source") or {}
+    src = _dict(_dict(meta).get("source"))
     kind = src.get("kind")
     if kind == "default":
         return (
@@ -95,21 +95,29 @@ def _source_line(meta: dict | None) -> str:
     return "not recorded"
 
 
+def _dict(v) -> dict:
+    """A JSON object from a checkpoint handed over from elsewhere, or {} where it is something else."""
+    return v if isinstance(v, dict) else {}
+
+
 def _data_section(config: dict | None, meta: dict | None) -> str:
-    data = (config or {}).get("data") or {}
-    splits = (meta or {}).get("splits") or data.get("splits")
+    """The data the checkpoint recorded (any field of another type reads "-": nothing here is trusted)."""
+    config, meta = _dict(config), _dict(meta)
+    data = _dict(config.get("data"))
+    splits = _dict(data.get("splits"))
     if not splits:
         return "## Data\n\nThe data summary was not recorded with this checkpoint."
-    name = PurePath(str(data.get("path") or (config or {}).get("train", {}).get("data") or "?")).name
+    name = PurePath(str(data.get("path") or _dict(config.get("train")).get("data") or "?")).name
     lines = [f"Prepared data set `{name}`; text from {_source_line(meta)}."]
     if meta:
-        docs = meta.get("documents", {})
+        docs = _dict(meta.get("documents"))
         lines.append(
-            f"{docs.get('kept')} documents kept of {docs.get('records')} read; examples up to "
-            f"{meta.get('max_seq_len')} tokens; {meta.get('bytes_per_token', 0):.3f} bytes per token (train)."
+            f"{_num(docs.get('kept'), ',')} documents kept of {_num(docs.get('records'), ',')} read; examples up "
+            f"to {_num(meta.get('max_seq_len'), ',')} tokens; {_num(meta.get('bytes_per_token'), '.3f')} bytes "
+            "per token (train)."
         )
     rows = [
-        [k, f"{s['docs']:,}", f"{s['examples']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}"]
+        [str(k), *(_num(_dict(s).get(f), ",") for f in ("docs", "examples", "tokens", "bytes"))]
         for k, s in splits.items()
     ]
     return (

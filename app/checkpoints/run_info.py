@@ -1,7 +1,8 @@
 """What a checkpoint's run says about it, for the model card: the run's resolved config (as the
-checkpoint recorded it), the data summary (the prepared set's meta.json, when it is still there), the
-end-of-training metrics and app/evaluate.py's results for this checkpoint. Every piece is optional:
-a card states what it lacks. JSON only: nothing found here is executed.
+checkpoint recorded it), the data summary recorded with it (never read from the data folder the run named:
+that is outside what the export is handed), the end-of-training metrics and app/evaluate.py's results for
+this checkpoint. Every piece is optional: a card states what it lacks. JSON only: nothing found here is
+executed.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ def read_run_info(src: Source) -> RunInfo:
     run = run_dir_of(src)
     config = read_app_state(src.path).get("config")
     config = config if isinstance(config, dict) else None
-    data = (config or {}).get("train", {}).get("data")
+    summary = ((config or {}).get("data") or {}).get("summary")  # recorded in the checkpoint, not re-read
     final = _read(run / "final_metrics.json") if run is not None else None
     return RunInfo(
         run_name=run.name if run is not None else None,
         config=config,
-        data_meta=_read(Path(data) / "meta.json") if isinstance(data, str) and data else None,
+        data_meta=summary if isinstance(summary, dict) else None,
         final_metrics=final if final is not None and final.get("step") == src.step else None,
         evaluation=_read(eval_result_path(src)),
     )

@@ -39,9 +39,14 @@ def _cgroup_room() -> int | None:
         return None
 
 
-def available_memory() -> int | None:
+def available_memory(device=None) -> int | None:
     """Bytes that can be allocated without swapping or an OOM kill: the kernel's MemAvailable, lowered to the
-    cgroup's room when that is smaller; None where neither can be read (then nothing is refused for it)."""
+    cgroup's room when that is smaller; None where neither can be read (then nothing is refused for it). On a
+    CUDA `device` (a torch.device or "cuda:N"): the device's free memory, as the CUDA driver reports it."""
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
     avail = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -71,10 +76,12 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
 
 
-def check_fits(what: str, need: int, hint: str) -> None:
-    """Refuse (UserError, one line) `what`, which needs about `need` bytes, when the machine has less free."""
-    free = available_memory()
+def check_fits(what: str, need: int, hint: str, device=None) -> None:
+    """Refuse (UserError, one line) `what`, which needs about `need` bytes, when the machine (or the CUDA
+    `device` it will run on) has less free."""
+    free = available_memory(device)
     if free is not None and need > free:
+        where = f" on {device}" if device is not None and str(device).startswith("cuda") else ""
         raise UserError(
-            f"{what} needs about {fmt_bytes(need)} of memory and {fmt_bytes(free)} is available; {hint}"
+            f"{what} needs about {fmt_bytes(need)} of memory and {fmt_bytes(free)} is available{where}; {hint}"
         )

@@ -99,7 +99,7 @@ def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
 RECORD_BYTES_PER_TOKEN = 64  # a generated token kept for the records: a Python int in a list, its text
 
 
-def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say) -> SamplingConfig:
+def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say, device=None) -> SamplingConfig:
     """What --top-k, --num-samples, --max-new-tokens and the prompts ask of the machine: --top-k above the
     vocabulary is capped in one line (it is off there); a batch whose prompt pass, sampling and kept tokens
     need more memory than the machine has free is refused in one line. -> the sampling settings to use."""
@@ -118,5 +118,6 @@ def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say) -> Sam
         f"prompt of up to {longest:,} tokens",
         max(prompt_pass, step) + kept,
         "lower --max-new-tokens or --num-samples, or shorten the prompts",
+        device,
     )
     return SamplingConfig(temperature=cfg.temperature, top_k=top_k, top_p=cfg.top_p)

@@ -2,9 +2,10 @@
 timing (Triton keeps the compiled kernels itself).
 
 `$MLSTM_CACHE_DIR/gpu_loops.json` (default ~/.cache/mlstm-ds), one entry per (device name, torch, triton, the
-hash of the code that runs the loops, batch bucket, H, dtype): the names of the forward and backward loops and
+hash of the code that runs the loops, batch bucket, H, dtype, tf32 where it applies): the names of the forward and backward loops and
 whether the reference core won. A file that cannot be read or holds nothing for the shape is timed afresh; one
-that cannot be written leaves the choice to this process, with a warning.
+that cannot be written leaves the choice to this process, with a warning. Ranks that write at once may lose
+each other's entries: a lost entry costs the next run a timing, nothing else.
 """
 
 from __future__ import annotations
@@ -27,27 +28,31 @@ def cache_path() -> Path:
     return Path(base) / "gpu_loops.json"
 
 
-def _disk_key(B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...]) -> str:
+def _disk_key(B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...], variant: str) -> str:
     import triton
 
     code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in code_files)).hexdigest()[:16]
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|{code}|B{B} H{H} {dtype}"
+    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|{code}|B{B} H{H} {dtype} {variant}".rstrip()
 
 
-def load(B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...]) -> dict | None:
+def load(
+    B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...], variant: str = ""
+) -> dict | None:
     """The stored entry for the shape ({"fwd", "bwd", "python"}), or None."""
     if gpu_loops.interpreting():
         return None
     try:
-        entry = json.loads(cache_path().read_text()).get(_disk_key(B, H, dtype, device, code_files))
+        entry = json.loads(cache_path().read_text()).get(_disk_key(B, H, dtype, device, code_files, variant))
     except (OSError, ValueError, AttributeError):
         return None
     return entry if isinstance(entry, dict) else None
 
 
-def store(B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...], entry: dict) -> None:
+def store(
+    B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...], entry: dict, variant: str = ""
+) -> None:
     if gpu_loops.interpreting():
         return
     path = cache_path()
@@ -57,7 +62,7 @@ def store(B: int, H: int, dtype: torch.dtype, device, code_files: tuple[str, ...
             data = {}
     except (OSError, ValueError):
         data = {}
-    data[_disk_key(B, H, dtype, device, code_files)] = entry
+    data[_disk_key(B, H, dtype, device, code_files, variant)] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -24,10 +24,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from app.common.errors import UserError
 from app.model import gpu_choice_cache, gpu_loops
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop, Tiles
 
 log = logging.getLogger(__name__)
+
+
+class NoLoop(RuntimeError):
+    """No GPU loop ran on this device for the shape (every candidate failed or disagreed)."""
+
+
 LOOPS = ("step", "cublas", "persistent", "splitk")
 T_TUNE = 64  # steps per timed run: per-step costs dominate; the fixed ones (a launch, a replay) count too
 REPS, WARMUP = 5, 3  # timed runs (median) after warm-up runs: compile, graph capture, first replay
@@ -41,7 +48,7 @@ _override: list[str] = []  # forcing(): the loop to run, untimed (benchmarks, te
 
 @dataclass
 class Choice:
-    fwd: Loop
+    fwd: Loop | None  # None: no loop runs on this device (times["failed"] says why): the reference core does
     bwd: Loop | None  # None: only the forward was needed (inference) so far
     python: bool | None = None  # whether the reference core wins; None: not compared yet
     times: dict = field(default_factory=dict)
@@ -170,13 +177,18 @@ def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: di
     first that ran (the cuBLAS loop: its products owe nothing to Triton's tiles, pipelining or barriers), is
     left out with the reason: a kernel racing on some GPU is caught here, before it trains anything."""
     best, best_ms, ref = None, float("inf"), None
+    outputs = gpu_loops.FWD_OUT if fwd else gpu_loops.BWD_OUT
     for loop in [lp for lp in loops if ("fwd" if fwd else "bwd") in lp.directions]:
         name = f"{'fwd' if fwd else 'bwd'}/{loop.name}"
+        for n in (
+            outputs
+        ):  # a loop that leaves some output unwritten shows NaN there, not an earlier loop's values
+            (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(float("nan"))
         try:
             ms = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))
             if isinstance(loop, PersistentLoop):
                 loop.check()
-            out = torch.cat([bufs[n].float().flatten() for n in (("hs", "cs") if fwd else ("dp", "dr"))])
+            out = torch.cat([bufs[n].float().flatten() for n in outputs])
             ref = out if ref is None else ref
             err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             if not err < SELF_CHECK[bufs["w_mh" if fwd else "w_mh_t"].dtype]:
@@ -190,7 +202,7 @@ def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: di
         if ms < best_ms:
             best, best_ms = loop, ms
     if best is None:
-        raise RuntimeError(f"no GPU loop of the mLSTM core runs here: {times}")
+        raise NoLoop(f"no GPU loop of the mLSTM core runs here: {times}")
     return best
 
 
@@ -223,15 +235,35 @@ def forcing(loop: str) -> Iterator[None]:
         _override.pop()
 
 
-def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
+def forced_loop() -> str:
+    """The loop MLSTM_GPU_LOOP (or `forcing`) asks for, "" for none; a name that is none is one line."""
     default = "persistent" if gpu_loops.interpreting() else ""
     want = _override[-1] if _override else os.environ.get("MLSTM_GPU_LOOP", default)
+    if want and want not in (*LOOPS, "python"):
+        raise UserError(
+            f"MLSTM_GPU_LOOP must be one of {', '.join((*LOOPS, 'python'))} or unset, got {want!r}"
+        )
+    return want
+
+
+def pick(want: str, loops: list[Loop]) -> Loop:
+    """The loop named `want` among `loops` ("python": the step loop, for the Triton core's own calls);
+    splitk where this shape splits nothing (it is then not a candidate): the persistent loop, said once."""
+    by_name = {loop.name: loop for loop in loops}
+    name = "step" if want == "python" else want
+    if name == "splitk" and name not in by_name:
+        if "splitk" not in _logged:
+            _logged.add("splitk")
+            log.info("MLSTM_GPU_LOOP=splitk: this shape's K splits into 1 slice: the persistent loop runs")
+        name = "persistent"
+    return by_name[name]
+
+
+def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
+    want = forced_loop()
     if not want:
         return None
-    if want not in (*LOOPS, "python"):
-        raise ValueError(f"MLSTM_GPU_LOOP must be one of {(*LOOPS, 'python')}, got {want!r}")
-    loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
-    loop = loops["step" if want == "python" else want]
+    loop = pick(want, candidates(B, H, dtype, device))
     return Choice(loop, loop, python=want == "python", times={"forced": want})  # no timing: both directions
 
 
@@ -243,31 +275,52 @@ def batch_bucket(B: int) -> int:
 
 
 def _key(x: torch.Tensor, w: torch.Tensor) -> tuple:
-    return (x.device, batch_bucket(x.shape[0]), w.shape[0], w.dtype)
+    tf32 = w.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32  # another product in fp32
+    return (x.device, batch_bucket(x.shape[0]), w.shape[0], w.dtype, tf32)
+
+
+def _reuse(key: tuple, backward: bool) -> Choice | None:
+    """The choice of the smallest larger bucket already timed for the same device, H and dtype (and forced
+    loop): a micro-batch smaller than its run's (a length bucket's last, a per-bucket batch size) runs the
+    loops, tiles and compiled kernels its run already has, masked, instead of a fresh timing mid-run."""
+    dev, bucket, *rest = key
+    found = sorted(
+        (k[1], c) for k, c in _choices.items()
+        if k[0] == dev and k[2:] == tuple(rest) and k[1] > bucket and (c.bwd is not None or not backward)
+    )  # fmt: skip
+    return found[0][1] if found else None
 
 
 def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice:
     """The loops for x (B, T, D) and a recurrent weight w (H, H) in the compute dtype: timed on first use."""
     key = (*_key(x, w), _override[-1] if _override else None)
     choice = _choices.get(key)
-    if choice is not None and (choice.bwd is not None or not backward):
+    if choice is not None and (choice.bwd is not None or not backward or choice.fwd is None):
+        return choice
+    choice = _reuse(key, backward)
+    if choice is not None:
+        _choices[key] = choice
         return choice
     B, H = batch_bucket(x.shape[0]), w.shape[0]
     choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward)
     if choice is None:
-        choice = _tune(B, H, w.dtype, x.device, backward)
+        try:
+            choice = _tune(B, H, w.dtype, x.device, backward)
+        except NoLoop as e:  # the reference core runs (core "auto"); core "fused" says why (triton_core)
+            choice = Choice(None, None, python=True, times={"failed": str(e)})
         _store(B, H, w.dtype, x.device, choice)
     _choices[key] = choice
     return choice
 
 
-def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_fn, python_fn) -> bool:
-    """Whether the Python reference core beats the Triton core (its tuned loops) at this shape: both whole
-    ops timed on T_TUNE steps (forward and backward, or forward alone), once per shape. Logs the choice."""
+def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_fn, python_fn) -> str | None:
+    """Why the Python reference core runs at this shape instead of the Triton core (its tuned loops), or None:
+    both whole ops timed on T_TUNE steps (forward and backward, or forward alone), once per shape; or no
+    Triton loop ran here. Logs the choice."""
     if _override:
-        return False
+        return None
     choice = loops_for(x, w, backward)
-    if choice.python is None:
+    if choice.python is None and choice.fwd is not None:
         B, D, H = batch_bucket(x.shape[0]), x.shape[2], w.shape[0]
         ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
               (("triton", triton_fn), ("python", python_fn))}  # fmt: skip
@@ -275,10 +328,12 @@ def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_f
         choice.python = ms["python"] < ms["triton"]
         choice.times.update({f"op/{k}": round(v, 3) for k, v in ms.items()})
         _store(B, H, w.dtype, x.device, choice)
-    if _key(x, w) not in _logged:
-        _logged.add(_key(x, w))
+    if id(choice) not in _logged:  # once per choice (smaller batches reusing it say nothing new)
+        _logged.add(id(choice))
         _log(x, w, choice)
-    return choice.python
+    if choice.fwd is None:
+        return f"no Triton loop runs here: {choice.times['failed']}"
+    return "measured faster than the Triton core at this shape" if choice.python else None
 
 
 def _time_op(fn, B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool) -> float:
@@ -302,7 +357,10 @@ def _time_op(fn, B: int, D: int, H: int, dtype: torch.dtype, device, backward: b
 
 
 def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
-    what = "python (the reference core)" if choice.python else f"triton {choice.fwd.name} forward"
+    if choice.fwd is None:
+        what = f"python (the reference core): {choice.times['failed']}"
+    else:
+        what = "python (the reference core)" if choice.python else f"triton {choice.fwd.name} forward"
     if not choice.python and choice.bwd is not None:
         what += f", {choice.bwd.name} backward"
     dt = str(w.dtype).removeprefix("torch.")
@@ -314,13 +372,14 @@ def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
 
 
 def _code_files() -> tuple[str, ...]:
-    from app.model import triton_kernels
+    from app.model import mlstm_core, triton_core, triton_kernels
 
-    return gpu_loops.__file__, triton_kernels.__file__, __file__
+    # what runs each side of the choices stored (the reference's speed decides `python`)
+    return gpu_loops.__file__, triton_kernels.__file__, __file__, triton_core.__file__, mlstm_core.__file__
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
-    entry = gpu_choice_cache.load(B, H, dtype, device, _code_files())
+    entry = gpu_choice_cache.load(B, H, dtype, device, _code_files(), _variant(dtype))
     if entry is None:
         return None
     try:
@@ -333,8 +392,13 @@ def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choic
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
-    if "forced" in choice.times:
+    if "forced" in choice.times or choice.fwd is None:  # a failure may not last: the next run tries again
         return
     bwd = choice.bwd.name if choice.bwd is not None else None
     entry = {"fwd": choice.fwd.name, "bwd": bwd, "python": choice.python}
-    gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry)
+    gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
+
+
+def _variant(dtype: torch.dtype) -> str:
+    """What else decides a shape's products: tf32 for fp32 operands where torch allows it."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else ""

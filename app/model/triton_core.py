@@ -88,9 +88,17 @@ def _forward(x, w_in, bias, w_mh, w_m, state, loop: gpu_loops.Loop) -> tuple[dic
     return bufs, xt
 
 
-def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, loop: gpu_loops.Loop) -> None:
+def _loops(ctx, x: torch.Tensor, w_mh: torch.Tensor) -> gpu_tuning.Choice:
+    """The tuned loops for this call (the backward's timed too only where a gradient will be asked for)."""
+    loops = gpu_tuning.loops_for(x, w_mh, backward=any(ctx.needs_input_grad))
+    if loops.fwd is None:  # core="fused" on a device where no loop runs ("auto" runs the reference instead)
+        raise RuntimeError(f"core='fused': {loops.times['failed']}")
+    return loops
+
+
+def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, loops: gpu_tuning.Choice) -> None:
     b = bufs
-    ctx.loop = loop
+    ctx.fwd_loop, ctx.loop = loops.fwd, loops.bwd
     ctx.save_for_backward(
         xt, w_in, b["w_mh"], b["w_m"], b["pm"], b["gates"], b["cs"], b["tcs"], b["rs"], b["ms"], b["hs"]
     )
@@ -99,6 +107,8 @@ def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, loop: gpu_loops
 def _backward(ctx, dy: torch.Tensor) -> tuple:
     """(dx, d(w_in), d(bias), d(w_mh), d(w_m)) of the saved forward."""
     xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
+    if isinstance(ctx.fwd_loop, gpu_loops.PersistentLoop):
+        ctx.fwd_loop.check()  # a forward whose grid barrier gave up raises here, before its gradients are used
     T, B, H = pm.shape
     D = xt.shape[1]
     cdt, sdt = w_mh.dtype, cs.dtype
@@ -129,9 +139,9 @@ class TritonMLSTMFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m):
-        loops = gpu_tuning.loops_for(x, w_mh)
+        loops = _loops(ctx, x, w_mh)
         bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, loops.fwd)
-        _save(ctx, bufs, xt, w_in, loops.bwd)
+        _save(ctx, bufs, xt, w_in, loops)
         return bufs["hs"][1:].transpose(0, 1).contiguous()  # (B, T, H)
 
     @staticmethod
@@ -146,9 +156,9 @@ class TritonMLSTMFromState(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m, h0, c0):
-        loops = gpu_tuning.loops_for(x, w_mh)
+        loops = _loops(ctx, x, w_mh)
         bufs, xt = _forward(x, w_in, bias, w_mh, w_m, (h0, c0), loops.fwd)
-        _save(ctx, bufs, xt, w_in, loops.bwd)
+        _save(ctx, bufs, xt, w_in, loops)
         c_last = bufs["cs"][-1].clone()  # (B, H)
         ctx.mark_non_differentiable(c_last)
         return bufs["hs"][1:].transpose(0, 1).contiguous(), c_last
@@ -163,6 +173,8 @@ def prefill(x, lengths, w_in, bias, w_mh, w_m, state=None) -> tuple[torch.Tensor
     """Inference: x (B, T, in) from `state` (zero when None) -> (h (B, T, H), (h, c) after row b's first
     lengths[b] steps); `mlstm_core.mlstm_prefill`'s contract, through the forward loop alone."""
     loops = gpu_tuning.loops_for(x, w_mh, backward=False)
+    if loops.fwd is None:
+        raise RuntimeError(f"core='fused': {loops.times['failed']}")
     bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops.fwd)
     rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)

@@ -45,9 +45,10 @@ def largest_batch(seqs: list[np.ndarray], batch_tokens: int, max_rows: int | Non
 
 
 def check_batches(
-    what: str, seqs: list[np.ndarray], cfg: TransferConfig, model_cfg, layers: int, training: bool
+    what: str, seqs: list[np.ndarray], cfg: TransferConfig, model_cfg, layers: int, training: bool, model=None
 ) -> None:
-    """Refuse (one line) batches of `seqs` that cannot fit in the memory the machine has free."""
+    """Refuse (one line) batches of `seqs` that cannot fit in the memory free where `model` runs (the
+    machine's, or its CUDA device's)."""
     e, h = model_cfg.embed_dim, model_cfg.hidden_dim
     per_token = 4 * ((2 * e + 32 * h * layers) if training else (e + 10 * h))
     rows = cfg.finetune_rows if training else None
@@ -58,4 +59,5 @@ def check_batches(
         hint = f"a text of {longest:,} tokens is a batch of its own; " + (
             "give --finetune-max-tokens" if training else "shorten the longest texts"
         )
-    check_fits(f"{what}: a batch of {tokens:,} padded tokens", tokens * per_token, hint)
+    device = next(model.parameters()).device if model is not None else None
+    check_fits(f"{what}: a batch of {tokens:,} padded tokens", tokens * per_token, hint, device)

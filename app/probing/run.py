@@ -105,7 +105,7 @@ class Transfer:
         out = {}
         for name, data in sets.items():
             ids = token_ids(self.tokenizer, data.texts)
-            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False)
+            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False, model=model)
             out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
 
@@ -174,7 +174,9 @@ class Transfer:
         train = (
             splits[0][0] if not c.finetune_max_tokens else [s[: c.finetune_max_tokens] for s in splits[0][0]]
         )
-        check_batches("fine-tuning on --train", train, c, model.cfg, max(self.layers) + 1, training=True)
+        check_batches(
+            "fine-tuning on --train", train, c, model.cfg, max(self.layers) + 1, training=True, model=model
+        )
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
 
     def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
