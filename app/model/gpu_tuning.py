@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -372,10 +373,11 @@ def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
 
 
 def _code_files() -> tuple[str, ...]:
-    from app.model import mlstm_core, triton_core, triton_kernels
-
-    # what runs each side of the choices stored (the reference's speed decides `python`)
-    return gpu_loops.__file__, triton_kernels.__file__, __file__, triton_core.__file__, mlstm_core.__file__
+    # what runs each side of the choices stored (the reference's speed decides `python`); read by
+    # path: triton_core imports this module, and the key needs its code, not the module
+    here = Path(__file__).parent
+    names = ("gpu_loops.py", "triton_kernels.py", "gpu_tuning.py", "triton_core.py", "mlstm_core.py")
+    return tuple(str(here / name) for name in names)
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
