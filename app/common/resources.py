@@ -4,7 +4,8 @@ A flag that sets a count or a size (worker processes, rows, tokens, texts) is ch
 machine and the input can use: a value larger than useful is capped, and said in one line naming the flag,
 the value, the cap and why (`cap`); one that cannot fit (the memory it needs is more than the machine has
 free) is refused with a `UserError` that says the same (`check_fits`). Nothing a user types then forks,
-allocates or loops without bound.
+allocates or loops without bound. Where several things share the memory, `refuse_over` adds them up and
+names the largest.
 """
 
 from __future__ import annotations
@@ -71,10 +72,36 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
 
 
-def check_fits(what: str, need: int, hint: str) -> None:
-    """Refuse (UserError, one line) `what`, which needs about `need` bytes, when the machine has less free."""
-    free = available_memory()
-    if free is not None and need > free:
-        raise UserError(
-            f"{what} needs about {fmt_bytes(need)} of memory and {fmt_bytes(free)} is available; {hint}"
-        )
+def device_memory(device: str = "cpu") -> int | None:
+    """Bytes free on `device`: `available_memory()` for "cpu", what the CUDA driver reports free on the
+    device for "cuda" / "cuda:N" (torch.cuda.mem_get_info); None where it cannot be read."""
+    if not device.startswith("cuda"):
+        return available_memory()
+    import torch
+
+    try:
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+
+Part = tuple[int, str, str]  # (bytes, what needs them, how to need fewer)
+
+
+def refuse_over(free: int | None, parts: list[Part], where: str = "") -> None:
+    """Refuse (UserError, one line) `parts` that need more than `free` bytes together (None: unknown, nothing
+    refused), naming the largest part, what the others add, and the largest part's remedy."""
+    need = sum(n for n, _, _ in parts)
+    if free is None or need <= free:
+        return
+    n, what, hint = max(parts, key=lambda part: part[0])
+    beside = f", beside {fmt_bytes(need - n)} for the rest," if need > n else ""
+    raise UserError(
+        f"{what} needs about {fmt_bytes(n)} of memory{where}{beside} and {fmt_bytes(free)} is available; {hint}"
+    )
+
+
+def check_fits(what: str, need: int, hint: str, device: str = "cpu") -> None:
+    """Refuse (UserError, one line) `what`, which needs about `need` bytes of `device`'s memory (the host's
+    for "cpu"), when the device has less free."""
+    refuse_over(device_memory(device), [(need, what, hint)], "" if device == "cpu" else f" on {device}")
