@@ -1,4 +1,5 @@
-"""app/common/resources.py: what this process may use of the machine, and the cap / refuse rule."""
+"""app/common/resources.py: what this process may use of the machine, and the cap / refuse rule (the parts that
+share a memory added up, the largest named with its remedy)."""
 
 import pytest
 
@@ -23,6 +24,24 @@ def test_what_cannot_fit_in_free_memory_is_refused_in_one_line():
         UserError, match=r"^a huge batch needs about .* of memory and .* is available; lower it$"
     ):
         resources.check_fits("a huge batch", 10 * free, "lower it")
+
+
+def test_parts_that_together_exceed_the_free_memory_are_refused_naming_the_largest():
+    parts = [(60 << 20, "the model", "use a smaller model"), (30 << 20, "a batch", "lower --micro-batch")]
+    resources.refuse_over(90 << 20, parts)  # fits exactly
+    resources.refuse_over(
+        None, [(1 << 60, "anything", "")]
+    )  # the free memory unknown: nothing is refused for it
+    with pytest.raises(UserError) as e:
+        resources.refuse_over(50 << 20, parts, " on cuda:0")
+    assert str(e.value) == (
+        "the model needs about 60 MiB of memory on cuda:0, beside 30 MiB for the rest, and 50 MiB is "
+        "available; use a smaller model"
+    )
+    with pytest.raises(
+        UserError, match=r"^a batch needs about 30 MiB of memory and 1 MiB is available; lower"
+    ):
+        resources.refuse_over(1 << 20, parts[1:])
 
 
 def test_cpus_are_those_this_process_may_run_on():

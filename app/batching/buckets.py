@@ -132,6 +132,20 @@ class EpochPlan:
         return (self[k] for k in range(len(self)))
 
 
+def batch_size(bound: int, micro_batch: int, tokens_per_micro_batch: int) -> int:
+    """Sequences per micro-batch of a bucket of sequences of up to `bound` tokens: as many as the token
+    budget holds (at least one) when there is one, else the micro-batch."""
+    if tokens_per_micro_batch:
+        return max(1, tokens_per_micro_batch // bound)
+    return micro_batch
+
+
+def bucket_counts(store: TokenStore, n_buckets: int) -> np.ndarray:
+    """(n_buckets,) examples of each bucket (rows of no bucket left out, as the schedules leave them)."""
+    b = store.buckets
+    return np.bincount(b[(b >= 0) & (b < n_buckets)], minlength=n_buckets)[:n_buckets]
+
+
 def _index_dtype(n: int) -> type:
     """int32 indexes up to 2**31 - 1 items and halves the plan's memory; int64 beyond."""
     return np.int32 if n < 2**31 else np.int64
@@ -196,9 +210,7 @@ class BucketSchedule:
     """Examples per block when the plan sums per-micro-batch statistics (bounds the temporary memory)."""
 
     def _batch_size(self, bucket: int) -> int:
-        if self.tokens_per_micro_batch:
-            return max(1, self.tokens_per_micro_batch // self.bounds[bucket])
-        return self.micro_batch
+        return batch_size(self.bounds[bucket], self.micro_batch, self.tokens_per_micro_batch)
 
     def fingerprint(self) -> dict:
         """What must match for a resumed run to see the same batches."""

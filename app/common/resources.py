@@ -4,7 +4,8 @@ A flag that sets a count or a size (worker processes, rows, tokens, texts) is ch
 machine and the input can use: a value larger than useful is capped, and said in one line naming the flag,
 the value, the cap and why (`cap`); one that cannot fit (the memory it needs is more than the machine has
 free) is refused with a `UserError` that says the same (`check_fits`). Nothing a user types then forks,
-allocates or loops without bound.
+allocates or loops without bound. Where several things share the memory, `refuse_over` adds them up and
+names the largest.
 """
 
 from __future__ import annotations
@@ -76,12 +77,33 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
 
 
+def device_memory(device=None) -> int | None:
+    """Bytes free on `device` (None or "cpu": the host's, `available_memory()`; a torch.device or "cuda:N": what
+    the CUDA driver reports free on it); None where it cannot be read (nothing is refused for it)."""
+    try:
+        return available_memory(device)
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+
+Part = tuple[int, str, str]  # (bytes, what needs them, how to need fewer)
+
+
+def refuse_over(free: int | None, parts: list[Part], where: str = "") -> None:
+    """Refuse (UserError, one line) `parts` that need more than `free` bytes together (None: unknown, nothing
+    refused), naming the largest part, what the others add, and the largest part's remedy."""
+    need = sum(n for n, _, _ in parts)
+    if free is None or need <= free:
+        return
+    n, what, hint = max(parts, key=lambda part: part[0])
+    beside = f", beside {fmt_bytes(need - n)} for the rest," if need > n else ""
+    raise UserError(
+        f"{what} needs about {fmt_bytes(n)} of memory{where}{beside} and {fmt_bytes(free)} is available; {hint}"
+    )
+
+
 def check_fits(what: str, need: int, hint: str, device=None) -> None:
-    """Refuse (UserError, one line) `what`, which needs about `need` bytes, when the machine (or the CUDA
-    `device` it will run on) has less free."""
-    free = available_memory(device)
-    if free is not None and need > free:
-        where = f" on {device}" if device is not None and str(device).startswith("cuda") else ""
-        raise UserError(
-            f"{what} needs about {fmt_bytes(need)} of memory and {fmt_bytes(free)} is available{where}; {hint}"
-        )
+    """Refuse (UserError, one line) `what`, which needs about `need` bytes of `device`'s memory (the host's
+    for None or "cpu"), when the device has less free."""
+    where = f" on {device}" if device is not None and str(device).startswith("cuda") else ""
+    refuse_over(device_memory(device), [(need, what, hint)], where)

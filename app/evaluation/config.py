@@ -24,7 +24,8 @@ class EvalConfig:
     text: list[str] = field(default_factory=list)
     """Raw UTF-8 text files to evaluate (bits/byte beside gzip/bzip2/xz)."""
     text_chunk_len: int = 256
-    """--text files are read in pieces of this many tokens, each from a fresh state after BOS."""
+    """--text files are read in pieces of this many tokens, each from a fresh state after BOS (and --stream and
+    --cache read in pieces of this many). Capped, in one line, at the longest sequence it cuts."""
     stream: bool = True
     """Also score each --text file, and each document of --split, as one stream, the state carried from
     piece to piece (every token predicted from the whole file or document before it), beside the pieces'
@@ -33,7 +34,8 @@ class EvalConfig:
     """Pipeline stages P for the evaluation (world size / P data-parallel replicas); any P works with any
     checkpoint."""
     micro_batch: int = 8
-    """Sequences per micro-batch."""
+    """Sequences per micro-batch; capped, in one line, at the most sequences evaluated together (a bucket of
+    the split, a file's pieces). An evaluation whose memory cannot fit is refused in one line."""
     partition_method: str = "cost"
     """How layers are split into stages when P > 1 (as in training)."""
     out: str | None = None
@@ -49,13 +51,13 @@ class EvalConfig:
     dyn_decay: float = 0.005
     """Dynamic evaluation: pull towards the trained weights per update (scaled per weight by its RMS)."""
     dyn_segment: int = 32
-    """Dynamic evaluation: tokens scored per update."""
+    """Dynamic evaluation: tokens scored per update; capped, in one line, at the longest sequence read."""
     cache: bool = False
     """Also score each --text file, and each document of --split, with a neural cache (Grave et al. 2017):
     read as one stream, each token predicted by the model mixed with a copy of the tokens that followed
     earlier states like the current one (no weight changes; app/evaluation/cache.py); on rank 0."""
     cache_window: int = 4096
-    """Neural cache: earlier positions it holds."""
+    """Neural cache: earlier positions it holds; capped, in one line, at the longest sequence read with it."""
     cache_lambda: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3])
     """Neural cache: weights of the cache in the mixture with the model; with --cache-theta a grid whose
     settings are scored as their Bayesian mixture (within ln K nats of the best for the text)."""

@@ -13,20 +13,29 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
-from app.batching.buckets import BucketSchedule, TokenStore
+from app.batching.buckets import BucketSchedule, TokenStore, bucket_counts
 from app.batching.run_data import open_prepared
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
 from app.common.errors import UserError
+from app.common.logs import get_logger
+from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
 from app.evaluation.cache import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.evaluation.compressors import compressed_bits_per_byte
 from app.evaluation.config import EvalConfig
 from app.evaluation.dynamic import DYNAMIC_COLUMNS, DynamicEvaluator, dynamic_fields, dynamic_lines
 from app.evaluation.held_out import EvalResult, evaluate
-from app.evaluation.stream import STREAM_COLUMNS, split_documents, stream_fields, stream_nats
+from app.evaluation.stream import (
+    STREAM_COLUMNS,
+    document_lengths,
+    split_documents,
+    stream_fields,
+    stream_nats,
+)
 from app.generation.decoder import Decoder
 from app.parallel.engine import Engine
 from app.parallel.layout import inference_layout
@@ -64,12 +73,17 @@ def check_data_tokenizer(data, src) -> None:
         )
 
 
-def text_store(tokenizer, text: str, chunk: int):
-    """One document -> a TokenStore of --text-chunk-len pieces (the data_prep row format)."""
-    import datasets
-    import numpy as np
+def text_ids(tokenizer, text: str) -> np.ndarray:
+    """A --text file's tokens, EOS appended (int64)."""
+    return np.asarray([*tokenizer.encode(text), tokenizer.eos_id], dtype=np.int64)
 
-    ids = np.asarray([*tokenizer.encode(text), tokenizer.eos_id], dtype=np.int32)
+
+def text_store(tokenizer, text: str | np.ndarray, chunk: int):
+    """One document (its text, or its `text_ids`) -> a TokenStore of --text-chunk-len pieces (the data_prep
+    row format)."""
+    import datasets
+
+    ids = text_ids(tokenizer, text) if isinstance(text, str) else text
     pieces = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
     ds = datasets.Dataset.from_dict(
         {
@@ -140,23 +154,50 @@ class Evaluator:
         self.cfg = cfg
         self.src: Source = open_source(cfg.checkpoint)
         self.tokenizer = self.src.tokenizer()
-        self.data = None
+        self.data = self.store = None
         if cfg.data is not None:
             self.data = open_prepared(cfg.data)
             check_data_tokenizer(self.data, self.src)
+            self.store = TokenStore(self.data.split(cfg.split))
+            if len(self.store) == 0:
+                raise UserError(f"--data {self.data.path}: the {cfg.split} split is empty")
         self.texts = read_texts(cfg.text)
         for flag, on in (("--dynamic", cfg.dynamic), ("--cache", cfg.cache)):
             if on and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise UserError(
                     f"{flag} runs in one process: use python app/evaluate.py, not the deepspeed launcher"
                 )
-        self.full = self.src.state_dict()
         num_specs = self.src.model_cfg.num_layers + 2
         if cfg.pipeline_stages > num_specs:
             raise UserError(
                 f"--pipeline-stages {cfg.pipeline_stages}: the model has only {num_specs} layers "
                 f"(embedding, {self.src.model_cfg.num_layers} recurrent, head)"
             )
+        self.ids = [text_ids(self.tokenizer, text) for _, _, text in self.texts]  # each file's, read once
+        self._bound()  # before the weights are read: every size the flags ask for fits
+        self.full = self.src.state_dict()
+
+    def _bound(self) -> None:
+        """--text-chunk-len, --dyn-segment, --cache-window and --micro-batch capped at what the input can
+        use, and the evaluation's memory checked (app.evaluation.bounds), before the weights are read."""
+        store, rank = self.store, int(os.environ.get("RANK", "0"))
+        empty = np.zeros(0, np.int64)
+        bounds = self.data.meta["buckets"] if self.data is not None else []
+        inputs = Inputs(
+            texts=[len(ids) for ids in self.ids],
+            rows=store.lengths if store is not None else empty,
+            buckets=bucket_counts(store, len(bounds)) if store is not None else empty,
+            bounds=bounds,
+            documents=document_lengths(store, self.tokenizer.eos_id) if store is not None else empty,
+        )
+        log = get_logger()
+        say, note = (log.warning, log.info) if rank == 0 else (None, None)
+        self.cfg = cap_lengths(self.cfg, inputs, say, note)
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        reads = rank == 0 and bool(self.texts or self.data)
+        check_evaluation_fits(
+            self.cfg, self.src.model_cfg, inputs, stages=self.cfg.pipeline_stages, device=device, reads=reads
+        )
 
     def setup(self) -> None:
         """The process group and an inference engine holding the weights, in the requested layout."""
@@ -237,9 +278,7 @@ class Evaluator:
             },
         }
         if self.data is not None:
-            store = TokenStore(self.data.split(cfg.split))
-            if len(store) == 0:
-                raise UserError(f"--data {self.data.path}: the {cfg.split} split is empty")
+            store = self.store
             res = self._run(store, self.data.meta["buckets"])
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
@@ -253,17 +292,14 @@ class Evaluator:
                 dyn = self._with_dynamic(rows[-1], seqs, res.num_bytes)
                 result.update({f"{cfg.split}/{k}": v for k, v in dyn.items()})
         result["texts"] = []
-        for name, raw, text in self.texts:
-            res = self._run(text_store(self.tokenizer, text, cfg.text_chunk_len), [cfg.text_chunk_len])
+        for (name, raw, _), ids in zip(self.texts, self.ids, strict=True):
+            res = self._run(text_store(self.tokenizer, ids, cfg.text_chunk_len), [cfg.text_chunk_len])
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
-            t = self.tokenizer
-            if self.decoder is not None or self.dynamic is not None:  # the tokens once, where they are read
-                ids = np.asarray([*t.encode(text), t.eos_id], dtype=np.int64)
-                if self.decoder is not None:
-                    self._with_streams(row, [ids], len(raw))
-                if self.dynamic is not None:
-                    self._with_dynamic(row, [[t.bos_id, *ids.tolist()]], len(raw))
+            if self.decoder is not None:
+                self._with_streams(row, [ids], len(raw))
+            if self.dynamic is not None:
+                self._with_dynamic(row, [[self.tokenizer.bos_id, *ids.tolist()]], len(raw))
             rows.append(row)
             result["texts"].append({"file": name, **{k: v for k, v in row.items() if k != "name"}})
         result["text_chunk_len"] = cfg.text_chunk_len

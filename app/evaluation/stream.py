@@ -65,6 +65,12 @@ def split_documents(store: TokenStore, eos_id: int) -> list[np.ndarray]:
     ]
 
 
+def document_lengths(store: TokenStore, eos_id: int) -> np.ndarray:
+    """(D,) tokens of each of a prepared split's documents (`split_documents`' lengths, none joined)."""
+    starts = np.flatnonzero(~chains(store, eos_id))
+    return np.add.reduceat(store.lengths, starts) if len(starts) else np.zeros(0, np.int64)
+
+
 STREAM_COLUMNS = ("stream bits/byte",)
 
 

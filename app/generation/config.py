@@ -12,6 +12,7 @@ from app.common.errors import UserError
 from app.common.numbers import check_numbers
 from app.common.resources import cap, check_fits
 from app.generation.sampling import SamplingConfig
+from app.model.memory import activation_floats_per_token
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,6 +100,16 @@ def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
 RECORD_BYTES_PER_TOKEN = 64  # a generated token kept for the records: a Python int in a list, its text
 
 
+def generation_bytes(rows: int, longest: int, max_new_tokens: int, model_cfg) -> int:
+    """Memory (estimated, app.model.memory) to generate `rows` rows of up to `max_new_tokens` tokens after
+    prompts of up to `longest` tokens: the prompt pass (one layer at a time) or a sampling step (the logits'
+    copies, the state), whichever is larger, and the tokens kept for the records."""
+    h, vocab = model_cfg.hidden_dim, model_cfg.vocab_size
+    prompt_pass = rows * longest * activation_floats_per_token(model_cfg, 1, training=False) * 4
+    step = rows * (6 * vocab + 3 * h * model_cfg.num_layers) * 4
+    return max(prompt_pass, step) + rows * max_new_tokens * RECORD_BYTES_PER_TOKEN
+
+
 def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say, device=None) -> SamplingConfig:
     """What --top-k, --num-samples, --max-new-tokens and the prompts ask of the machine: --top-k above the
     vocabulary is capped in one line (it is off there); a batch whose prompt pass, sampling and kept tokens
@@ -107,16 +118,10 @@ def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say, device
     top_k = cap("--top-k", cfg.top_k, [(vocab, f"the vocabulary has {vocab} tokens")], say)
     rows = len(prompt_lengths) * cfg.num_samples
     longest = max(prompt_lengths) + 1  # BOS
-    e, h = model_cfg.embed_dim, model_cfg.hidden_dim
-    prompt_pass = rows * longest * (e + 10 * h) * 4  # one layer's projections and outputs at a time
-    step = (
-        rows * (6 * vocab + 3 * h * model_cfg.num_layers) * 4
-    )  # the logits' copies while sampling, the state
-    kept = rows * cfg.max_new_tokens * RECORD_BYTES_PER_TOKEN
     check_fits(
         f"generating {rows:,} row(s) (prompts x --num-samples) of up to {cfg.max_new_tokens:,} new tokens after a "
         f"prompt of up to {longest:,} tokens",
-        max(prompt_pass, step) + kept,
+        generation_bytes(rows, longest, cfg.max_new_tokens, model_cfg),
         "lower --max-new-tokens or --num-samples, or shorten the prompts",
         device,
     )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from app.common.resources import cap, check_fits
+from app.model.memory import activation_floats_per_token
 from app.probing.config import TransferConfig
 from app.probing.features import length_batches
 
@@ -49,8 +50,7 @@ def check_batches(
 ) -> None:
     """Refuse (one line) batches of `seqs` that cannot fit in the memory free where `model` runs (the
     machine's, or its CUDA device's)."""
-    e, h = model_cfg.embed_dim, model_cfg.hidden_dim
-    per_token = 4 * ((2 * e + 32 * h * layers) if training else (e + 10 * h))
+    per_token = 4 * activation_floats_per_token(model_cfg, layers, training)
     rows = cfg.finetune_rows if training else None
     tokens = largest_batch(seqs, cfg.batch_tokens, rows)
     longest = max(len(s) for s in seqs)

@@ -49,9 +49,11 @@ class TrainConfig:
     eval_every: int = 200
     """Evaluate on the validation split every N steps (0: only at the end)."""
     eval_max_batches: int = 0
-    """Cap on validation batches per periodic evaluation (0: the whole split). Final evaluations use all."""
+    """Cap on validation batches per periodic evaluation (0: the whole split). Final evaluations use all.
+    Capped, in one line, at the validation split's batches."""
     sanity_eval_batches: int = 2
-    """Validation batches evaluated before the first step, so a broken setup fails in seconds (0: skip)."""
+    """Validation batches evaluated before the first step, so a broken setup fails in seconds (0: skip);
+    at most the validation split's."""
     save_every: int = 500
     """Save a checkpoint every N steps (0: only at the end)."""
     keep_last: int = 3
@@ -80,15 +82,19 @@ class TrainConfig:
     micro_batch: int | None = None
     """Sequences per micro-batch per data-parallel rank (DeepSpeed's train_micro_batch_size_per_gpu).
     Batch flags given replace the DeepSpeed config's keys; the rest come from it in the order micro-batch,
-    grad-accum, global batch, and global = micro x accum x (world / P) is checked."""
+    grad-accum, global batch, and global = micro x accum x (world / P) is checked. Capped, in one line, at the
+    largest split's examples (no micro-batch holds more); a model and micro-batch whose memory cannot fit are
+    refused in one line."""
     grad_accum: int | None = None
-    """Micro-batches per optimizer step on each rank (DeepSpeed's gradient_accumulation_steps)."""
+    """Micro-batches per optimizer step on each rank (DeepSpeed's gradient_accumulation_steps). Capped, in
+    one line, where one step holds the train split's whole epoch (so is the global batch it comes from)."""
     global_batch: int | None = None
     """Sequences per optimizer step over all ranks (DeepSpeed's train_batch_size)."""
     precision: Precision | None = None
     """fp32, bf16 or fp16: written into the DeepSpeed config's bf16/fp16 sections; default: what it enables."""
     tokens_per_micro_batch: int = 0
-    """Token budget per micro-batch: shorter buckets get more sequences (0: fixed micro-batch size)."""
+    """Token budget per micro-batch: shorter buckets get more sequences (0: fixed micro-batch size). Capped, in
+    one line, at the largest split's tokens padded to its buckets."""
     carry_state: bool = False
     """Truncated BPTT across chunks: a document longer than the data's max_seq_len is trained as its chunks in
     order, in one row of one micro-batch slot, each chunk starting from the recurrent state the one before
@@ -114,7 +120,8 @@ class TrainConfig:
     """Texts sampled per prompt at each validation (rank 0, from the whole model; written to samples.jsonl
     and a W&B table). 0: none."""
     sample_tokens: int = 128
-    """New tokens per sample (fewer at end of document)."""
+    """New tokens per sample (fewer at end of document). --samples x prompts x --sample-tokens that rank 0's
+    CPU cannot hold (beside the gathered model) are refused in one line at start-up."""
     samples_at: SamplesAt | None = None
     """When samples are drawn: at every validation, or only at the final one ("end"). Default: every
     validation on CPU, the end on CUDA, where gathering the weights to rank 0 and sampling on its CPU
@@ -134,7 +141,7 @@ class TrainConfig:
     dist_timeout_s: float = 600.0
     """Seconds a collective waits for a peer before every rank stops with one line (a rank died or stalled).
     Must exceed the longest pause of any rank, e.g. rank 0 writing a checkpoint. Also how long a rank whose
-    launcher is gone may take to save before it is killed."""
+    launcher is gone may take to save before it is killed. Capped at a day (86400), in one line."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, flag: str, msg: str) -> None:

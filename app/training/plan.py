@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.batching.run_data import RunData
@@ -28,6 +29,7 @@ from app.parallel.layout import (
     optimizer_lr,
     resolve_layout,
 )
+from app.training import bounds
 from app.training.config import TrainConfig
 
 
@@ -58,6 +60,11 @@ class RunPlan:
             "threads_per_process": threads,
         }
 
+    def check_fits(self, prompts: list[str]) -> None:
+        """Refuse (one line) a model, micro-batch or samples of `prompts` that cannot fit in memory
+        (app.training.bounds): every rank, before any of them exists."""
+        bounds.check_run_fits(self.cfg, self.model_cfg, self.layout, self.data, self.ds_json, prompts)
+
     def describe(self, threads: int) -> str:
         """The start-up line: the layout, the batch identity, ZeRO, precision, lr and the run's length."""
         lay, cfg = self.layout, self.cfg
@@ -87,8 +94,16 @@ def open_inputs(
 
 
 def plan_run(
-    cfg: TrainConfig, ds: DeepSpeedJson, data: RunData, model_cfg: ModelConfig, world: int
+    cfg: TrainConfig,
+    ds: DeepSpeedJson,
+    data: RunData,
+    model_cfg: ModelConfig,
+    world: int,
+    say: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> RunPlan:
+    """The run's plan; batch settings larger than the data can fill are capped (app.training.bounds), each
+    in one line through `say` (rank 0's warnings; `note`, its info lines, for a default)."""
     settings = {
         name: getattr(cfg, name) for name in ("lr", "micro_batch", "grad_accum", "global_batch", "precision")
     }
@@ -105,6 +120,8 @@ def plan_run(
     lr = optimizer_lr(ds_json)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise UserError(f"{src}: optimizer.params.lr must be a positive number, got {lr!r}")
+    counts = bounds.split_counts(data, cfg.test_eval)
+    layout, tpmb = bounds.cap_batches(cfg, layout, counts, data.prepared.meta["buckets"], ds_json, say)
     cfg = dataclasses.replace(
         cfg,
         lr=float(lr),
@@ -112,8 +129,10 @@ def plan_run(
         grad_accum=layout.grad_accum,
         global_batch=layout.train_batch,
         precision=layout.precision,
+        tokens_per_micro_batch=tpmb,
     )
     data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch, cfg.carry_state)
+    cfg = bounds.cap_eval_batches(cfg, data.schedule("validation").steps_per_epoch, say, note)
     steps_per_epoch = data.schedule("train").steps_per_epoch
     total_steps: int | None = cfg.max_steps
     if cfg.max_steps is None and (cfg.epochs or cfg.time_budget is None):

@@ -41,7 +41,7 @@ from app.parallel.runtime import (
     seed_everything,
     set_threads,
 )
-from app.training import carry_state, startup
+from app.training import bounds, carry_state, startup
 from app.training.artifacts import log_saved_checkpoint
 from app.training.config import TrainConfig
 from app.training.metrics import StepStats
@@ -66,24 +66,24 @@ class Trainer:
         self.data, self.model_cfg = open_inputs(cfg, model_overrides, self._info_rank0)
         self.init_source = None  # --init-from, checked before any process group: one line if it does not fit
         if cfg.init_from:
-            prepared = self.data.prepared
-            self.init_source = open_init_source(
-                cfg.init_from, self.model_cfg, self.data.tokenizer, prepared.tokenizer_path
-            )
+            tok = self.data.prepared.tokenizer_path
+            self.init_source = open_init_source(cfg.init_from, self.model_cfg, self.data.tokenizer, tok)
         self.samples = RunSamples(cfg, self.model_cfg, self.data, self.log)  # reads --sample-prompts
+        warn = self.log.warning if int(os.environ.get("RANK", "0")) == 0 else None  # the caps' lines
+        cfg = bounds.cap_timeout(cfg, warn)
         init_distributed(cfg.dist_timeout_s)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.threads = set_threads()
-        self.plan = plan = plan_run(cfg, ds, self.data, self.model_cfg, self.world)
-        self.cfg = cfg = plan.cfg  # lr, batch and precision as in force
+        self.plan = plan = plan_run(cfg, ds, self.data, self.model_cfg, self.world, warn, self._info_rank0)
+        self.cfg = cfg = plan.cfg  # lr, batch, precision and the counts the data can use, as in force
         self.layout = plan.layout
+        plan.check_fits(self.samples.prompts)  # before any weight, state or batch of the model exists
         if self.rank == 0:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
             check_precision(self.layout.precision, device_type, plan.ds_source, self.log)
         seed_everything(cfg.seed, deterministic_default(cfg.deterministic))
         self.steps_per_epoch, self.total_steps = plan.steps_per_epoch, plan.total_steps
-        self.run_dir = Path(cfg.out)
-        self.root = self.run_dir / "checkpoints"
+        self.run_dir, self.root = Path(cfg.out), Path(cfg.out) / "checkpoints"
         self.resolved = plan.resolved(self.threads)
         self.resolved["code"] = code_version()  # config.json, checkpoints, W&B: the code that ran
         self.state = TrainState()
