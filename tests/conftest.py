@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import json
 import os
+import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,20 +42,41 @@ _cpu_for_launched_processes()
 TINY_PREP_ARGS = ["--default-max-mb", "0.3", "--max-seq-len", "64", "--num-proc", "2", "--quiet"]
 
 
+def _shared(tmp_path_factory, name: str, build: Callable[[Path], dict | None]) -> tuple[Path, dict | None]:
+    """A session fixture built once for the whole run: under pytest-xdist each worker that needs it asks, the
+    first builds it (under a lock in the run's common temp folder), the others wait and reuse the folder.
+    `build(folder)` returns what its callers need besides the folder, kept as JSON. -> (folder, that)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp("shared") / name
+        return out, build(out)
+    root = tmp_path_factory.getbasetemp().parent / "shared"
+    root.mkdir(exist_ok=True)
+    out, done = root / name, root / f"{name}.done.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or its holder dies)
+        if not done.exists():  # a build that failed in another worker is tried again, and fails here too
+            shutil.rmtree(out, ignore_errors=True)
+            done.write_text(json.dumps({"result": build(out)}))
+    return out, json.loads(done.read_text())["result"]
+
+
+def _prepare(argv: list[str]) -> Callable[[Path], None]:
+    def build(out: Path) -> None:
+        assert prep_main(["--out", str(out), *argv, *TINY_PREP_ARGS]) == 0
+
+    return build
+
+
 @pytest.fixture(scope="session")
 def prepared_dir(tmp_path_factory) -> Path:
     """SentencePiece (vocab 384) on 0.3 MB of the embedded default corpus, max_seq_len 64."""
-    out = tmp_path_factory.mktemp("prepared") / "spm"
-    assert prep_main(["--out", str(out), "--vocab-size", "384", *TINY_PREP_ARGS]) == 0
-    return out
+    return _shared(tmp_path_factory, "spm", _prepare(["--vocab-size", "384"]))[0]
 
 
 @pytest.fixture(scope="session")
 def prepared_byte_dir(tmp_path_factory) -> Path:
     """Byte tokenizer on the same corpus, max_seq_len 64."""
-    out = tmp_path_factory.mktemp("prepared") / "byte"
-    assert prep_main(["--out", str(out), "--tokenizer", "byte", *TINY_PREP_ARGS]) == 0
-    return out
+    return _shared(tmp_path_factory, "byte", _prepare(["--tokenizer", "byte"]))[0]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -78,14 +104,17 @@ def reference_run(prepared_dir, tmp_path_factory):
     """
     from launcher import train
 
-    out = tmp_path_factory.mktemp("runs") / "ref"
-    p = train(
-        2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
-        "--eval-every", "4", "--wandb-mode", "offline", "--plots", "true",
-        extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
-        script="app.train", progress=True,
-    )  # fmt: skip
-    return out, p
+    def build(out: Path) -> dict:
+        p = train(
+            2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
+            "--eval-every", "4", "--wandb-mode", "offline", "--plots", "true",
+            extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
+            script="app.train", progress=True,
+        )  # fmt: skip
+        return {"args": [str(a) for a in p.args], "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+    out, p = _shared(tmp_path_factory, "ref", build)
+    return out, subprocess.CompletedProcess(**p)
 
 
 @pytest.fixture(scope="session")
@@ -96,24 +125,13 @@ def pp2_dp2_run(prepared_dir, tmp_path_factory):
     `--deepspeed FILE`: the equal losses show the flag reached DeepSpeed."""
     from launcher import CPU_CONFIG, train
 
-    out = tmp_path_factory.mktemp("runs") / "dp2"
-    train(
-        4,
-        prepared_dir,
-        out,
-        "--deepspeed",
-        str(CPU_CONFIG),
-        "--grad-accum",
-        "2",
-        "--max-steps",
-        REF_STEPS,
-        "--eval-every",
-        "4",
-        "--wandb-mode",
-        "disabled",
-        config=None,
-    )
-    return out
+    def build(out: Path) -> None:
+        train(
+            4, prepared_dir, out, "--deepspeed", str(CPU_CONFIG), "--grad-accum", "2", "--max-steps", REF_STEPS,
+            "--eval-every", "4", "--wandb-mode", "disabled", config=None,
+        )  # fmt: skip
+
+    return _shared(tmp_path_factory, "dp2", build)[0]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,17 +54,14 @@ TIMED = {f"fwd/{n}" for n in LOOPS[:3]} | {f"bwd/{n}" for n in LOOPS}  # splitk:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("case", ["odd/float64", "odd/float32", "tiles/float32"])
+@pytest.mark.parametrize("case", ["odd/float64", "tiles/float32"])
 def test_forward_and_gradients_match_the_float64_reference(interpreted, loop, case):
     """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) of each GPU loop (the persistent one phase by phase, 3
-    programs looping over several tiles) at odd shapes (B3 T5 D7 H20: no tile is full) and over several
-    tiles each way (B37 H40), relative to the reference's largest value."""
+    programs looping over several tiles) at odd shapes (B3 T5 D7 H20: no tile is full) in float64, and in
+    float32 over several tiles each way (B17 H20), relative to the reference's largest value."""
     name, dt = case.split("/")
-    key = f"{name}/{loop}/{dt}"
-    if key not in interpreted:
-        pytest.skip(f"{key}: covered by the persistent loop's run of the same kernels")
+    errs = interpreted[f"{name}/{loop}/{dt}"]
     tol = 1e-12 if dt == "float64" else 5e-6
-    errs = interpreted[key]
     assert len(errs) == 6 and max(errs) < tol, errs
 
 
