@@ -111,7 +111,12 @@ def reference_run(prepared_dir, tmp_path_factory):
             extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
             script="app.train", progress=True,
         )  # fmt: skip
-        return {"args": [str(a) for a in p.args], "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+        return {
+            "args": [str(a) for a in p.args],
+            "returncode": p.returncode,
+            "stdout": p.stdout,
+            "stderr": p.stderr,
+        }
 
     out, p = _shared(tmp_path_factory, "ref", build)
     return out, subprocess.CompletedProcess(**p)
