@@ -79,6 +79,17 @@ def prepared_byte_dir(tmp_path_factory) -> Path:
     return _shared(tmp_path_factory, "byte", _prepare(["--tokenizer", "byte"]))[0]
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test starts from the suite's environment: a run called in-process (`train.main`) sets MASTER_ADDR
+    and MASTER_PORT for torch.distributed, and a later launch from the same worker must not inherit them
+    (its one-process runs would bind the port the worker's own store still holds)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _release_deepspeed_shm():
     yield

@@ -37,7 +37,17 @@ class _RankFilter(logging.Filter):
 
 
 class _BarAwareHandler(logging.StreamHandler):
-    """Writes through tqdm while a progress bar is on screen, so a line never lands inside the bar."""
+    """Writes to the process's stderr as it is when a line is written (a program that swaps sys.stderr, as
+    pytest's capture or a caller of `main()` in-process does, gets its lines), through tqdm while a progress
+    bar is on screen, so a line never lands inside the bar."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream: the stream is always sys.stderr
+        pass
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -57,7 +67,7 @@ def setup_logging(verbose: bool = False) -> logging.Logger:
     DeepSpeed logs every step and every config key at INFO; a user asked for a training log, not that,
     so its loggers (and a few other libraries') stay at WARNING unless `verbose`.
     """
-    handler = _BarAwareHandler(sys.stderr)
+    handler = _BarAwareHandler()
     handler.setFormatter(logging.Formatter(FORMAT, datefmt=DATE_FORMAT))
     handler.addFilter(_RankFilter())
     for name, quiet_level in (("mlstm", logging.INFO), ("app", logging.WARNING)):

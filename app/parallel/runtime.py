@@ -118,7 +118,10 @@ def init_distributed(timeout_s: float | None = None) -> None:
     kwargs = {"timeout": timedelta(seconds=max(timeout_s, START_UP_TIMEOUT_S))} if timeout_s else {}
     with library_prints():  # "DeepSpeed ... shm_comm_op built successfully", once per rank
         deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
-    atexit.register(release_own_shm)
+    # this rank's buffers at exit, named now: a caller of main() in-process may restore its environment
+    atexit.register(
+        unlink_shm_segments, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], os.environ["RANK"]
+    )
     if secrets and os.environ["RANK"] == "0":
         get_logger().info(f"imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE")
     if get_accelerator().device_name() == "cuda":
