@@ -6,7 +6,8 @@
 # per worker at a time, the longest files first (--dist loadfile --no-loadscope-reorder and the order in
 # tests/conftest.py). Most tests start real `deepspeed` launches, whose runner and per-node launcher start
 # one after the other on one core: two workers keep both cores of a 2-core machine busy (README,
-# Development). Each worker builds the session fixtures (prepared data, reference runs) it needs once.
+# Development). The session fixtures (prepared data, reference runs) are built once per run, shared by the
+# workers (tests/conftest.py).
 # `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
 # sets the workers.
 set -euo pipefail
@@ -46,4 +47,7 @@ if [ ${#compat[@]} -gt 0 ]; then
 fi
 source "$ROOT/launch/setup_env.sh"
 cd "$ROOT"
+# the suite starts hundreds of Python processes that import the project: let them keep its bytecode
+# (some environments set PYTHONDONTWRITEBYTECODE, and every process then compiles app/ afresh)
+unset PYTHONDONTWRITEBYTECODE
 exec python -m pytest "${xdist[@]}" "$@"  # testpaths in pyproject.toml: tests/

@@ -173,13 +173,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "multinode: real sshd/pdsh or Slurm launches (tests/cluster.py)")
 
 
-# The files that take longest (seconds in a serial run on 2 cores, rounded: `--durations`), run first: the
+# The files that take longest (seconds summed over their tests in a 2-worker run, rounded: `--durations`),
+# run first: the
 # suite runs in pytest-xdist workers one file at a time (launch/test.sh), and a long file dealt last would
 # leave one worker running it alone while the other has nothing left.
 HEAVY_FILES = {
-    "test_lifecycle.py": 110, "test_evaluate.py": 90, "test_checkpoints_safety.py": 90, "test_multinode.py": 75,
-    "test_slurm.py": 70, "test_train.py": 70, "test_checkpoints_warm_start.py": 35, "test_batching_buckets.py": 30,
-    "test_training_carry_state.py": 25, "test_training_preemption.py": 20,
+    "test_lifecycle.py": 170, "test_evaluate.py": 170, "test_checkpoints_safety.py": 160, "test_slurm.py": 145,
+    "test_train.py": 135, "test_model_triton_core.py": 100, "test_multinode.py": 90, "test_batching_buckets.py": 60,
+    "test_training_carry_state.py": 55, "test_checkpoints_warm_start.py": 55, "test_model_fused_core.py": 50,
+    "test_training_preemption.py": 50,
 }  # fmt: skip
 
 

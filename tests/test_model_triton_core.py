@@ -57,7 +57,7 @@ TIMED = {f"fwd/{n}" for n in LOOPS[:3]} | {f"bwd/{n}" for n in LOOPS}  # splitk:
 @pytest.mark.parametrize("case", ["odd/float64", "tiles/float32"])
 def test_forward_and_gradients_match_the_float64_reference(interpreted, loop, case):
     """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) of each GPU loop (the persistent one phase by phase, 3
-    programs looping over several tiles) at odd shapes (B3 T5 D7 H20: no tile is full) in float64, and in
+    programs looping over several tiles) at odd shapes (B3 T4 D7 H20: no tile is full) in float64, and in
     float32 over several tiles each way (B17 H20), relative to the reference's largest value."""
     name, dt = case.split("/")
     errs = interpreted[f"{name}/{loop}/{dt}"]
@@ -87,7 +87,7 @@ def test_prefill_gives_each_row_its_state_after_its_length(interpreted, loop):
 
 @pytest.mark.parametrize("loop", ["cublas", "persistent", "splitk"])
 def test_right_padding_leaves_real_positions_alone(interpreted, loop):
-    """Lengths 6, 4, 1 padded to 6: outputs, dx and every weight gradient equal the rows run alone."""
+    """Lengths 4, 3, 1 padded to 4: outputs, dx and every weight gradient equal the rows run alone."""
     assert max(interpreted[f"padded/{loop}"]) < 1e-12, interpreted[f"padded/{loop}"]
 
 
