@@ -174,9 +174,8 @@ def pytest_configure(config):
 
 
 # The files that take longest (seconds summed over their tests in a 2-worker run, rounded: `--durations`),
-# run first: the
-# suite runs in pytest-xdist workers one file at a time (launch/test.sh), and a long file dealt last would
-# leave one worker running it alone while the other has nothing left.
+# run first: the suite runs in pytest-xdist workers one file at a time (launch/test.sh), and a long file
+# dealt last would leave one worker running it alone while the other has nothing left.
 HEAVY_FILES = {
     "test_lifecycle.py": 170, "test_evaluate.py": 170, "test_checkpoints_safety.py": 160, "test_slurm.py": 145,
     "test_train.py": 135, "test_model_triton_core.py": 100, "test_multinode.py": 90, "test_batching_buckets.py": 60,

@@ -314,7 +314,10 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        # = torch.use_deterministic_algorithms(True, warn_only=True), which also imports TorchInductor to set
+        # its flag (with DeepSpeed's Muon modules, app.parallel.optimizer: 1.3 s of every process's start-up);
+        # nothing here compiles
+        torch.set_deterministic_debug_mode("warn")
         # Deterministic mode also NaN-fills every torch.empty (a debugging aid, not needed for
         # reproducibility). DeepSpeed's ZeRO allocates its reduce bucket (reduce_bucket_size elements,
         # 2 GB fp32 by default) with torch.empty on every micro-batch: filling it measured 17% of a P=1 step.
