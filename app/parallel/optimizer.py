@@ -114,8 +114,9 @@ def skip_muon_kernels(ds_config: dict) -> bool:
     With ZeRO, DeepSpeed (0.19) imports its Muon optimizer while it checks the optimizer, and its ZeRO and
     bf16 optimizers import it again to ask whether the optimizer is one; the module's `torch.compile`
     decorators import TorchInductor's compiler (about 600 modules: 1.3 s of every process's start-up on a
-    2-core EPYC, with the deterministic-mode switch of app.parallel.runtime) for kernels such a run never calls. Here both modules are stand-ins: the class is one no optimizer is an instance
-    of, and the update raises if called. A config whose optimizer is Muon (or a process that imported
+    2-core Xeon, with the deterministic-mode switch of app.parallel.runtime) for kernels such a run never
+    calls. Here both modules are stand-ins: the class is one no optimizer is an instance of, and the update
+    raises if called. A config whose optimizer is Muon (or a process that imported
     them already) keeps DeepSpeed's. -> whether the stand-ins are in place."""
     kind = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
     if "muon" in kind or any(name in sys.modules for name in MUON_MODULES):
