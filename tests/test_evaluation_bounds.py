@@ -97,7 +97,7 @@ def test_an_evaluation_that_cannot_fit_is_refused_before_the_weights_are_read(
 ):
     """The host's free memory, faked at 1 MiB: the cache's block of similarities (256 queries x 193 keys,
     float64, with masks and softmax) is the largest part; the checkpoint's weights are never read."""
-    monkeypatch.setattr(bounds, "device_memory", lambda device: 1 << 20)
+    monkeypatch.setattr(bounds, "available_memory", lambda device: 1 << 20)
     monkeypatch.setattr(Source, "state_dict", lambda self: pytest.fail("the weights were read"))
     args = ["--checkpoint", str(short_text / "run"), "--text", str(short_text / "t.txt"), "--cache"]
     assert evaluate_main(args) == 2
@@ -111,7 +111,7 @@ def test_an_evaluation_that_cannot_fit_is_refused_before_the_weights_are_read(
 def test_on_cuda_the_engine_is_checked_against_the_device(monkeypatch):
     """The engine's part against the device's free memory, the rest against the host's (faked: no GPU needed)."""
     free = {"cpu": 64 * GIB, "cuda:0": 1 << 20}
-    monkeypatch.setattr(bounds, "device_memory", free.get)
+    monkeypatch.setattr(bounds, "available_memory", free.get)
     cfg = EvalConfig(checkpoint="c", text=["t"], micro_batch=64, text_chunk_len=4096)
     model, read = debug_config(vocab_size=259), inputs([100000])  # 25 pieces of 4096 tokens
 

@@ -155,7 +155,7 @@ def test_samples_or_a_device_that_cannot_hold_the_run_are_refused(prepared_dir, 
     p, _, _ = plan(prepared_dir, "--samples", "0", "--micro-batch", "3000", "model.hidden_dim=512", world=2)
     free = {"cpu": 64 * GIB, "cuda:0": GIB // 4}
     monkeypatch.setattr(bounds.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bounds, "device_memory", free.get)
+    monkeypatch.setattr(bounds, "available_memory", free.get)
     with pytest.raises(UserError) as e:
         p.check_fits([""])
     assert "of memory on cuda:0 and 256 MiB is available; lower --micro-batch" in str(e.value)

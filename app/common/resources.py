@@ -43,11 +43,15 @@ def _cgroup_room() -> int | None:
 def available_memory(device=None) -> int | None:
     """Bytes that can be allocated without swapping or an OOM kill: the kernel's MemAvailable, lowered to the
     cgroup's room when that is smaller; None where neither can be read (then nothing is refused for it). On a
-    CUDA `device` (a torch.device or "cuda:N"): the device's free memory, as the CUDA driver reports it."""
+    CUDA `device` (a torch.device or "cuda:N"): the device's free memory, as the CUDA driver reports it (None
+    where it cannot be read). None or "cpu": the host's."""
     if device is not None and str(device).startswith("cuda"):
         import torch
 
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        try:
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        except (RuntimeError, AssertionError, ValueError):
+            return None
     avail = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -77,15 +81,6 @@ def fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
 
 
-def device_memory(device=None) -> int | None:
-    """Bytes free on `device` (None or "cpu": the host's, `available_memory()`; a torch.device or "cuda:N": what
-    the CUDA driver reports free on it); None where it cannot be read (nothing is refused for it)."""
-    try:
-        return available_memory(device)
-    except (RuntimeError, AssertionError, ValueError):
-        return None
-
-
 Part = tuple[int, str, str]  # (bytes, what needs them, how to need fewer)
 
 
@@ -106,4 +101,4 @@ def check_fits(what: str, need: int, hint: str, device=None) -> None:
     """Refuse (UserError, one line) `what`, which needs about `need` bytes of `device`'s memory (the host's
     for None or "cpu"), when the device has less free."""
     where = f" on {device}" if device is not None and str(device).startswith("cuda") else ""
-    refuse_over(device_memory(device), [(need, what, hint)], where)
+    refuse_over(available_memory(device), [(need, what, hint)], where)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.common.resources import Part, cap, device_memory, refuse_over
+from app.common.resources import Part, available_memory, cap, refuse_over
 from app.evaluation.cache import QUERY_BLOCK
 from app.evaluation.config import EvalConfig
 from app.model.config import ModelConfig
@@ -162,7 +162,7 @@ def check_evaluation_fits(
     host = [weights, *(reader_parts(cfg, model_cfg, inputs) if reads else [])]
     engine = engine_part(cfg, model_cfg, inputs, stages)
     if device == "cpu":
-        refuse_over(device_memory("cpu"), [*host, engine])
+        refuse_over(available_memory("cpu"), [*host, engine])
         return
-    refuse_over(device_memory(device), [engine], f" on {device}")
-    refuse_over(device_memory("cpu"), host)
+    refuse_over(available_memory(device), [engine], f" on {device}")
+    refuse_over(available_memory("cpu"), host)

@@ -117,17 +117,13 @@ def skip_muon_kernels(ds_config: dict) -> bool:
     2-core Xeon, with the deterministic-mode switch of app.parallel.runtime) for kernels such a run never
     calls. Here both modules are stand-ins: the class is one no optimizer is an instance of, and the update
     raises if called. A config whose optimizer is Muon (or a process that imported
-    them already) keeps DeepSpeed's. -> whether the stand-ins are in place."""
+    them already) keeps what it has. -> whether this call put the stand-ins in place."""
     kind = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
     if "muon" in kind or any(name in sys.modules for name in MUON_MODULES):
-        return all(isinstance(sys.modules.get(name), _Stand) for name in MUON_MODULES)
+        return False
     for name in MUON_MODULES:
-        module = _Stand(name)
+        module = types.ModuleType(name, "a stand-in (app.parallel.optimizer.skip_muon_kernels)")
         module.MuonWithAuxAdam = _NoMuon
         module.muon_update = _no_muon_update
         sys.modules[name] = module
     return True
-
-
-class _Stand(types.ModuleType):
-    """A stand-in module (skip_muon_kernels)."""

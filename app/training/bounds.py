@@ -32,7 +32,7 @@ import torch
 
 from app.batching.buckets import batch_size, bucket_counts
 from app.batching.run_data import RunData
-from app.common.resources import Part, cap, device_memory, refuse_over
+from app.common.resources import Part, available_memory, cap, refuse_over
 from app.generation.config import generation_bytes
 from app.model.config import ModelConfig, matrix_parameters
 from app.model.memory import bytes_per_token, training_state_bytes, weight_bytes
@@ -218,13 +218,13 @@ def check_run_fits(
     samples = samples_part(cfg, model_cfg, prompts) if here else (0, "", "")
     if not torch.cuda.is_available():
         training = training_part(model_cfg, layout, tokens, local, "on this node")
-        refuse_over(device_memory("cpu"), [training, samples])
+        refuse_over(available_memory("cpu"), [training, samples])
         return
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     offload = _offload(ds_json)
     if offload != "nvme":
-        free = device_memory(device)
+        free = available_memory(device)
         if free is not None and offload == "cpu":
-            free += device_memory("cpu") or 0
+            free += available_memory("cpu") or 0
         refuse_over(free, [training_part(model_cfg, layout, tokens, 1, f"on {device}")], f" on {device}")
-    refuse_over(device_memory("cpu"), [samples])
+    refuse_over(available_memory("cpu"), [samples])
