@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from app.model import fused_core, gpu_tuning, mlstm_core, triton_core
+from app.model import fused_core, gpu_loops, gpu_tuning, mlstm_core, triton_core
 from app.model.config import CORES
 from app.model.mlstm_core import MLSTMFromState, MLSTMFunction, state_dtype
 
@@ -32,7 +32,7 @@ _logged: set = set()
 
 def _fused_backend(x: torch.Tensor, w: torch.Tensor) -> tuple[type[torch.autograd.Function] | None, str]:
     """The device's fused backend, or (None, why it cannot run here)."""
-    if x.device.type == "cuda" or triton_core.interpreting():
+    if x.device.type == "cuda" or gpu_loops.interpreting():
         why = triton_core.available(x, w)
         return (None, why) if why else (triton_core.TritonMLSTMFunction, "triton")
     if not fused_core.supports(x, w):

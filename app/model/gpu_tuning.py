@@ -181,9 +181,8 @@ def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: di
     outputs = gpu_loops.FWD_OUT if fwd else gpu_loops.BWD_OUT
     for loop in [lp for lp in loops if ("fwd" if fwd else "bwd") in lp.directions]:
         name = f"{'fwd' if fwd else 'bwd'}/{loop.name}"
-        for n in (
-            outputs
-        ):  # a loop that leaves some output unwritten shows NaN there, not an earlier loop's values
+        # a loop that leaves some output unwritten shows NaN there, not an earlier loop's values
+        for n in outputs:
             (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(float("nan"))
         try:
             ms = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))

@@ -16,7 +16,6 @@ Triton is optional (`pip install .[gpu]`; CUDA builds of torch bring it): `avail
 
 from __future__ import annotations
 
-import os
 import re
 
 import torch
@@ -30,10 +29,6 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 TRITON_MIN = (3, 5)
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def too_old(version: str) -> bool:
     """A triton release (``triton.__version__``: "3.4.0", "3.5.0+git1234") below TRITON_MIN."""
     return tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < TRITON_MIN
@@ -41,7 +36,7 @@ def too_old(version: str) -> bool:
 
 def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """None when this core runs these operands, else why not (one line)."""
-    if x.device.type != "cuda" and not interpreting():
+    if x.device.type != "cuda" and not gpu_loops.interpreting():
         return f"the Triton core runs on CUDA devices, got {x.device.type}"
     if w.dtype not in DTYPES:
         return f"the Triton core takes float32/float64/bfloat16/float16 operands, got {w.dtype}"
