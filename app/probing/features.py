@@ -182,9 +182,10 @@ def neuron_trace(model: LanguageModel, ids: np.ndarray, kind: str, layer: int, n
         x, _ = layer_mod.prefill(x, lengths)  # (1, T, H)
     probed = model.recurrent[layer]
     state = probed.init_state(1, dev, x.dtype)
+    weights = None if probed.cell == "lstm" else probed.weights()  # weight norm once, not once a step
     out = []
     for t in range(x.shape[1]):
-        y, state = probed.step(x[:, t], state)  # (1, H)
+        y, state = probed.step(x[:, t], state, weights)  # (1, H)
         v = state[1] if kind == "final_cell" else state[0] if kind == "final_hidden" else y
         out.append(float(v[0, neuron]))
     return np.asarray(out, dtype=np.float32)
