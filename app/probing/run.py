@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
 from app.common.errors import UserError
 from app.common.files import atomic_write
@@ -100,11 +101,14 @@ class Transfer:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
         from app.probing.features import checkpoint_digest, token_ids
 
-        digest = checkpoint_digest(self.src.path)
+        digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
+        preprocess = feature_preprocess(self.src.path)
+        if preprocess != "none":
+            _progress(f"texts prepared as feature_preprocess {preprocess!r} of {self.src.path} says")
         sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
         out = {}
         for name, data in sets.items():
-            ids = token_ids(self.tokenizer, data.texts)
+            ids = token_ids(self.tokenizer, data.texts, preprocess)
             check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False, model=model)
             out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
