@@ -7,7 +7,9 @@
 # and said so; later steps never wait on an earlier one's failure):
 #   install   the wheels in $WHEELS (default .whl/: deepspeed, datasets, pydantic, ... see bench/README.md, GPU)
 #             into the current python, and the project itself (editable, no dependencies)
-#   (background, niced) data prep for the train benchmark and the quickstart
+#   (background, niced) data prep for the train benchmark and the quickstart; bench/kernel_report.py --save on
+#             the machine's spare cores (every kernel configuration built for sm_90/89/80: registers, spills,
+#             wgmma; it writes bench/results/kernel_report.json, copied to OUTDIR as it stands at the end)
 #   layer     bench/mlstm_layer.py --device cuda: the Triton core's loops, the reference core, cuDNN's LSTM, at
 #             B16 H256, B64 H1024 and the field's B128 H4096, each beside its roofline (bench/roofline.py)
 #   tests     the gpu tests (a barrier that really times out, the fallback from one), the float64 check's own
@@ -85,14 +87,17 @@ fi
 step install 120 60 bash -c "python -m pip install -q --no-index --no-deps --no-compile --upgrade '$WHEELS'/*.whl &&
   python -m pip install -q --no-index --no-deps --no-build-isolation -e '$ROOT'"
 
-# CPU work in the background, niced, while the GPU steps run: data for the benchmarks, the FusedAdam build
+# CPU work in the background, niced, while the GPU steps run: every kernel built for three architectures on
+# the spare cores (no GPU needed), and data for the benchmarks
 if [ "$DRY" = 0 ]; then
+  (nice -n 19 python bench/kernel_report.py --save --jobs "${REPORT_JOBS:-10}" >"$LOGS/kernel_report.log" 2>&1) &
+  KREPORT=$!
   (nice -n 19 python -m data_prep --out "$WORK/data_spm" --max-seq-len 256 --quiet >"$LOGS/prep_spm.log" 2>&1
    nice -n 19 python -m data_prep --out "$WORK/data_byte" --max-seq-len 256 --tokenizer byte --quiet >"$LOGS/prep_byte.log" 2>&1
    nice -n 19 python -m data_prep --out "$WORK/data_qs" --max-seq-len 128 >"$LOGS/prep_qs.log" 2>&1) &
   PREP=$!
 else
-  say "| (background) | data prep x3 | niced | |"
+  say "| (background) | kernel report (${REPORT_JOBS:-10} compilers), data prep x3 | niced | |"
 fi
 
 step layer 200 120 python bench/mlstm_layer.py --device cuda --sizes small,large,field --budget-s 15 --reps-small 5 \
@@ -117,6 +122,13 @@ fi
 step quickstart 200 180 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
 
 if [ "$DRY" = 0 ]; then
+  # the kernel report, given what is left of the budget to finish; it saves as it goes, so a stop keeps its builds
+  while kill -0 "$KREPORT" 2>/dev/null && [ "$(elapsed)" -lt "$BUDGET" ]; do sleep 2; done
+  if kill -0 "$KREPORT" 2>/dev/null; then
+    pkill -f "bench/kernel_report.py"
+    say "| (background) | kernel report stopped at the budget: $(grep built "$LOGS/kernel_report.log" | tail -n 1) |"
+  fi
+  cp bench/results/kernel_report.json "$OUT/kernel_report.json" 2>/dev/null
   jobs -p | xargs -r kill 2>/dev/null  # background work still going
   grep -h -E "mLSTM core on|optimizer:|resumed|test split|first step|samples @" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
     | cut -c1-400 | sort -u >"$LOGS/highlights.txt"

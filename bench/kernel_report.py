@@ -93,13 +93,13 @@ def _launches(arch: int, sms: int, l2: int, B: int, H: int, dname: str):
     dtype, tf32 = DTYPES[dname]
     torch.backends.cuda.matmul.allow_tf32 = tf32  # the switch the kernels' precision follows
     try:
-        for loop in candidates_for(B, H, dtype, sms, l2):
+        for loop in candidates_for(B, H, dtype, sms, l2, arch):
             for launch in loop.launches():
                 d = "fwd" if launch.fwd else "bwd"
                 if d not in loop.directions:
                     continue
                 c = loop.consts(dtype, launch)
-                opts = {k: c.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion")}
+                opts = {k: c.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg") if k in c}
                 c["ACC"] = str(c["ACC"])  # picklable; rebuilt in the worker
                 sig, nones = _signature(loop, launch, dtype)
                 entry = dict(kernel=f"mlstm_{d}", sig=sig, consts=c, nones=nones, opts=opts, arch=arch,
@@ -215,26 +215,34 @@ def reusable(path: Path) -> dict:
     return {b["key"]: b for b in old.get("builds", [])}
 
 
-def run(
-    archs: list[int], jobs: int, only_widths: list[int] | None = None, reuse: dict | None = None
-) -> list[dict]:
+def run(archs: list[int], jobs: int, only_widths: list[int] | None = None, reuse: dict | None = None,
+        save_to: Path | None = None) -> list[dict]:  # fmt: skip
+    """Every configuration of `archs` built (or taken from `reuse`); with `save_to`, the report is rewritten
+    every 25 builds, so a run stopped early leaves what it built for the next to reuse."""
     entries = []
     for arch in archs:
         entries += configurations(arch, only_widths).values()
-    reuse = reuse or {}
+    reuse = dict(reuse or {})
     todo = [e for e in entries if e["key"] not in reuse]
-    print(
-        f"{len(entries)} distinct builds for sm_{', sm_'.join(map(str, archs))}; {len(todo)} to build",
-        flush=True,
-    )
-    done = {}
+    print(f"{len(entries)} distinct builds for sm_{', sm_'.join(map(str, archs))}; {len(todo)} to build", flush=True)
     with ProcessPoolExecutor(max(1, jobs)) as ex:
         for i, b in enumerate(ex.map(build, todo), 1):
             b["tensor_cores"] = _tensor_cores(b)
-            done[b["key"]] = b
-            if i % 10 == 0 or i == len(todo):
+            reuse[b["key"]] = b
+            if i % 25 == 0 or i == len(todo):
                 print(f"  built {i}/{len(todo)}", flush=True)
-    return [dict(reuse.get(e["key"]) or done[e["key"]], uses=e["uses"]) for e in entries]
+                if save_to is not None:
+                    _save(save_to, archs, list(reuse.values()))
+    return [dict(reuse[e["key"]], uses=e["uses"]) for e in entries]
+
+
+def _save(path: Path, archs: list[int], builds: list[dict]) -> None:
+    import triton
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"source": source_hash(), "triton": triton.__version__, "archs": archs,
+                               "builds": builds}, indent=0))  # fmt: skip
+    os.replace(tmp, path)
 
 
 def _tensor_cores(b: dict) -> bool:
@@ -255,7 +263,7 @@ def main() -> None:
     archs = [int(a) for a in args.arch.split(",")]
     only = [int(w) for w in args.widths.split(",") if w] or None
     t0 = time.perf_counter()
-    builds = run(archs, args.jobs, only, reusable(REPORT) if args.save else None)
+    builds = run(archs, args.jobs, only, reusable(REPORT) if args.save else None, REPORT if args.save else None)
     for b in builds:
         print(f"sm_{b['arch']} {b['kernel']} phases {b['consts']['PHASES']} {'sync' if b['consts']['SYNC'] else ''} "
               f"dot {b['consts']['USE_DOT']} {b['consts']['PREC']} tiles {_tiles(b)} warps {b['opts']['num_warps']}: "
@@ -265,8 +273,7 @@ def main() -> None:
     import triton
 
     if args.save:
-        REPORT.write_text(json.dumps({"source": source_hash(), "triton": triton.__version__, "archs": archs,
-                                      "builds": builds}, indent=0))  # fmt: skip
+        _save(REPORT, archs, builds)
     print(json.dumps({
         "bench": "kernel_report", "triton": triton.__version__, "archs": archs, "builds": len(builds),
         "spilling": len(bad["spills"]), "wgmma_missing": len(bad["wgmma_missing"]),

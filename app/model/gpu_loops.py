@@ -134,6 +134,10 @@ class Loop:
             prec["PREC"] = "ieee"
         # fp fusion stated (Triton's default, which 3.9+ warns it will change): the tests and timings hold for it
         opts = {} if interpreting() else dict(num_warps=t.warps, num_stages=stages, enable_fp_fusion=True)
+        if opts and launch.use_dot and dtype == torch.float32 and prec["PREC"] == "ieee":
+            # fp32's FMA products: left to itself ptxas held them to 96 registers and spilled (24 bytes at B64
+            # H1024); allowed the whole file it takes what it needs (154, no spill: bench/kernel_report.py)
+            opts["maxnreg"] = 255
         return dict(PHASES=launch.phases, SYNC=launch.sync, USE_DOT=launch.use_dot, BK=bk, CACHE=cache,
                     MAX_SPIN=MAX_SPIN, **tiles, **prec, **opts)  # fmt: skip
 

@@ -62,12 +62,9 @@ class Tiles:
 # twice the tiles still fit in one wave over the SMs (more programs, each reading less); `least` keeps M >= 64 for
 # the warpgroup MMA, `last` gives it up where even then few SMs would work.
 TABLE = dict(
-    bk={
-        torch.bfloat16: 64,
-        torch.float16: 64,
-        torch.float32: 32,
-        torch.float64: 32,
-    },  # K step of the products
+    # K step of the products. fp32 without tf32 runs Triton's FMA product, whose operands it holds in registers
+    # K deep: at 32 a (64 x 32) tile of it needed over 255 registers; 16 halves them
+    bk={torch.bfloat16: 64, torch.float16: 64, torch.float32: 32, torch.float64: 32, "fp32_fma": 16},
     # batch rows per tile at most, by operand bytes, where the weights stay in L2 (re-reading them is cheap) and
     # where they stream from HBM each step (the whole batch, up to 128, in one tile). 4-byte operands take their
     # products off the tensor cores' warpgroup MMA (fp32: FMA) or into more registers (tf32): 64-row tiles of
@@ -90,6 +87,11 @@ TABLE = dict(
     # spilled 40 bytes; (4 x 32, 64) did not (176 registers). (64, 128) h beside (64, 128) m spilled 32; (64, 64)
     # h did not (208).
     persistent_per_thread=dict(gates=32, backward=48),
+    # Before Hopper (sm_80/sm_89: mma.sync, operands through registers) the backward's first phase spilled 8
+    # bytes at 32 accumulator elements per thread (64 x 128 on 8 warps, 64 x 64 on 4): 16 there, and the
+    # persistent backward's two tiles 24 between them (fp32's 64 x 32 + 64 x 32 on 4 warps spilled)
+    # (by operand bytes: fp32's FMA products, their operands in registers, spilled at half those)
+    pre_hopper={2: dict(h_per_thread=16, backward=24), 4: dict(h_per_thread=8, backward=12)},
     # the interpreter (CPU tests): tiles that make the test shapes (H 18..24, B 3..17) span several tiles,
     # the last of each partial, and a 3-way split of K = 4H whose last slice is short
     interpreter=Tiles(bb_r=16, bu_r=16, bb_g=16, bu_g=4, bk=16, bb_h=16, bu_h=16, bb_m=16, bu_m=8, split=3),
@@ -116,10 +118,10 @@ def _units(B: int, H: int, sms: int, bb: int, rule: dict, rows_too: bool) -> tup
     return bu, bb
 
 
-def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool) -> Tiles:
+def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool, cc: int = 90) -> Tiles:
     """Tiles that give every SM work: units per tile shrink first; then, where the weights stay in L2, batch
     rows (re-reading a weight tile from L2 is cheap; from HBM it is not, so large layers keep the whole batch
-    in one tile and take 4 x 32 gate rows per tile)."""
+    in one tile and take 4 x 32 gate rows per tile). `cc`: the compute capability (90 for sm_90)."""
     if interpreting():
         return replace(TABLE["interpreter"], split=1)
     nbytes = torch.finfo(dtype).bits // 8
@@ -130,8 +132,14 @@ def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool)
     bu_g, bb_g = _units(B, H, sms, bb, g_rule, weights_in_l2)
     bu_m, bb_m = _units(B, H, sms, bb, TABLE["m_units"], weights_in_l2)
     wide = max(bb_r, bb_g, bb_m) >= 128
-    return Tiles(bb_r, bu_r, bb_g, bu_g, TABLE["bk"][dtype], warps=TABLE["warps_wide" if wide else "warps"],
-                 stages=TABLE["stages"], bb_h=bb_r, bu_h=bu_r, bb_m=bb_m, bu_m=bu_m)  # fmt: skip
+    warps = TABLE["warps_wide" if wide else "warps"]
+    bb_h = bb_r
+    pre = TABLE["pre_hopper"][min(4, nbytes)]
+    while cc < 90 and bu_r * bb_h > pre["h_per_thread"] * 32 * warps and bb_h > TABLE["rows_least"]:
+        bb_h //= 2
+    fma = dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    return Tiles(bb_r, bu_r, bb_g, bu_g, TABLE["bk"]["fp32_fma" if fma else dtype], warps=warps,
+                 stages=TABLE["stages"], bb_h=bb_h, bu_h=bu_r, bb_m=bb_m, bu_m=bu_m)  # fmt: skip
 
 
 def split_tiles(base: Tiles, B: int, H: int, sms: int, dtype: torch.dtype) -> Tiles:
@@ -145,16 +153,19 @@ def split_tiles(base: Tiles, B: int, H: int, sms: int, dtype: torch.dtype) -> Ti
     bb_m, bu_m = min(rows, max(TABLE["rows_least"], next_pow2(B))), rule["units"]
     outputs = -(-B // bb_m) * -(-H // bu_m)
     split = max(1, min(sms // outputs, 4 * H // (rule["least_k_steps"] * base.bk)))
-    warps = TABLE["warps_wide"] if bb_m >= 128 else base.warps
+    # 8 warps from 64 x 32 (2048 accumulators): on 4, fp32 FMA products spilled at sm_89 (B64 H1024)
+    warps = TABLE["warps_wide"] if bb_m * bu_m >= 2048 else base.warps
     return replace(base, bb_m=bb_m, bu_m=bu_m, split=split, warps=warps)
 
 
-def persistent_tiles(t: Tiles) -> Tiles:
+def persistent_tiles(t: Tiles, dtype: torch.dtype, cc: int = 90) -> Tiles:
     """`t` as the persistent loop takes it: its gate tile, then its backward's first-phase tile, halved in batch
     rows until the accumulators per thread are within TABLE's caps (their phases share one kernel's registers)."""
     if interpreting():
         return t
-    cap, threads = TABLE["persistent_per_thread"], 32 * t.warps
+    cap, threads = dict(TABLE["persistent_per_thread"]), 32 * t.warps
+    if cc < 90:
+        cap["backward"] = TABLE["pre_hopper"][min(4, torch.finfo(dtype).bits // 8)]["backward"]
     bb_g, bb_h = t.bb_g, t.bb_h
     while 4 * t.bu_g * bb_g > cap["gates"] * threads and bb_g > TABLE["rows_least"]:
         bb_g //= 2

@@ -80,13 +80,13 @@ class Choice:
         return self.bwd_order[0] if self.bwd_order else None
 
 
-def candidates_for(B: int, H: int, dtype: torch.dtype, sms: int, l2_bytes: int) -> list[Loop]:
-    """The loops the tuner times for a shape on a device with `sms` SMs and `l2_bytes` of L2, in the fallback
-    order (cuBLAS first). The split backward's tiles are a candidate of their own where they differ from the
-    persistent loop's."""
-    tiles = tiles_for(B, H, dtype, sms, interpreting() or weights_in_l2(H, dtype, l2_bytes))
-    persistent = persistent_tiles(tiles)
-    split = persistent_tiles(split_tiles(tiles, B, H, sms, dtype))
+def candidates_for(B: int, H: int, dtype: torch.dtype, sms: int, l2_bytes: int, cc: int = 90) -> list[Loop]:
+    """The loops the tuner times for a shape on a device of compute capability `cc` (90: sm_90) with `sms` SMs
+    and `l2_bytes` of L2, in the fallback order (cuBLAS first). The split backward's tiles are a candidate of
+    their own where they differ from the persistent loop's."""
+    tiles = tiles_for(B, H, dtype, sms, interpreting() or weights_in_l2(H, dtype, l2_bytes), cc)
+    persistent = persistent_tiles(tiles, dtype, cc)
+    split = persistent_tiles(split_tiles(tiles, B, H, sms, dtype), dtype, cc)
 
     def programs(t) -> int:
         return min(sms, max(t.n_r(B, H), t.n_g(B, H), t.n_h(B, H), t.n_m(B, H)))
@@ -97,12 +97,13 @@ def candidates_for(B: int, H: int, dtype: torch.dtype, sms: int, l2_bytes: int) 
     return loops
 
 
-def device_size(device) -> tuple[int, int]:
-    """(SMs, L2 bytes) of a CUDA device; in the interpreter, a 3-SM device whose L2 holds any layer."""
+def device_size(device) -> tuple[int, int, int]:
+    """(SMs, L2 bytes, compute capability as 90 for sm_90) of a CUDA device; in the interpreter, a 3-SM Hopper
+    whose L2 holds any layer."""
     if interpreting():
-        return 3, 1 << 40
+        return 3, 1 << 40, 90
     props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, getattr(props, "L2_cache_size", 0)
+    return props.multi_processor_count, getattr(props, "L2_cache_size", 0), 10 * props.major + props.minor
 
 
 def candidates(B: int, H: int, dtype: torch.dtype, device) -> list[Loop]:
