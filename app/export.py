@@ -40,7 +40,8 @@ from app.model.lm import LanguageModel
 @dataclass(kw_only=True, slots=True)
 class ExportConfig:
     checkpoint: str = ""
-    """A run directory (its latest complete checkpoint), its checkpoints/ folder, or one step_XXXXXXXX folder."""
+    """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
+    loss), its checkpoints/ folder, or one step_XXXXXXXX folder."""
     out: str = ""
     """Folder to write (created; existing export files in it are replaced)."""
     check_hf: bool = False

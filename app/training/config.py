@@ -23,7 +23,8 @@ WANDB_ARTIFACTS = typing.get_args(WandbArtifacts)
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     data: str = ""
-    """Directory written by `python -m data_prep` (holds meta.json and the train/validation/test splits)."""
+    """Required: the directory written by `python -m data_prep` (holds meta.json and the train/validation/test
+    splits)."""
     model_config: str | None = None
     """A model preset (listed at the end of --help) or a JSON file with a ModelConfig; default: the `small`
     preset, sized for the data's vocabulary."""
