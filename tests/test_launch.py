@@ -42,11 +42,14 @@ def test_quickstart_dry_run_lists_every_stage(tmp_path):
     for needle in (  # the console scripts an install provides
         "+ mlstm-prep ",
         "+ deepspeed --log_level error --num_gpus 2 app/train.py",
+        "--model-config small --time-budget 4 --test-eval false --wandb-mode ",
         "+ mlstm-eval --checkpoint runs/quickstart/best ",  # the lowest validation loss
         "+ mlstm-export --checkpoint runs/quickstart/best ",
         "+ mlstm-generate ",
     ):
         assert needle in out
+    for hidden in ("--warmup-steps", "--eval-every", "--save-every"):  # the README's recipe: none of them
+        assert hidden not in out
 
 
 def test_quickstart_on_a_gpu_trains_one_process_in_bf16(tmp_path):

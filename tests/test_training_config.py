@@ -131,7 +131,7 @@ def test_config_file_sections_and_precedence(tmp_path):
         3e-4,
         False,
         7,
-        200,
+        None,  # a default that follows the run's length: planned with the run (app/training/run_schedule.py)
     )
     assert args.model_overrides == {"hidden_dim": 48, "embed_dim": 16}
     assert args.deepspeed.data["zero_optimization"]["stage"] == 2

@@ -41,7 +41,7 @@ SECTIONS = ("train", "model", "deepspeed")
 # What a run's config.json records besides its settings: results, read back as nothing.
 RECORDED = (
     "layout", "data", "code", "total_steps", "steps_per_epoch", "world_size", "threads_per_process",
-    "layer_costs", "partition",
+    "layer_costs", "partition", "schedule",
 )  # fmt: skip
 DS_SETTINGS = ("lr", "micro_batch", "grad_accum", "global_batch", "precision")
 
