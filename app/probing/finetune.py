@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.common.logs import progress_bar
+from app.common.logs import heartbeat, progress_bar
 from app.model.lm import LanguageModel
 from app.probing.features import length_batches
 
@@ -209,13 +209,17 @@ def fine_tune(
             )
             break
     clf.load_state_dict(best_state)
-    test_acc, test_pred = accuracy(clf, test, cfg, pad_id)
+    with heartbeat(
+        f"fine-tune: the best epoch ({val_acc.index(best) + 1}) scored on test, validation and train", log
+    ):
+        test_acc, test_pred = accuracy(clf, test, cfg, pad_id)
+        val_best, train_acc = accuracy(clf, val, cfg, pad_id)[0], accuracy(clf, train, cfg, pad_id)[0]
     return FineTuned(
         val_accuracy_by_epoch=val_acc,
         train_loss_by_epoch=losses,
         best_epoch=val_acc.index(best) + 1,
-        val_accuracy=accuracy(clf, val, cfg, pad_id)[0],
-        train_accuracy=accuracy(clf, train, cfg, pad_id)[0],
+        val_accuracy=val_best,
+        train_accuracy=train_acc,
         test_accuracy=test_acc,
         test_pred=test_pred,
         tokens=tokens,

@@ -7,12 +7,14 @@ line 1, so row r is line r + 1).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.common.errors import UserError
 
 FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+DEFAULT_TEXT_FIELD = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,7 @@ class Labelled:
     texts: list[str]
     labels: list  # as given: str or int
     sha256: str  # of the file's bytes (the feature cache key)
+    text_field: str = DEFAULT_TEXT_FIELD  # the column the texts came from
 
 
 def _load(flag: str, p: Path):
@@ -39,9 +42,30 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
 
 
-def read_labelled(flag: str, path: str, text_field: str, label_field: str) -> Labelled:
+def _text_column(ds, text_field: str, label_field: str, say: Callable[[str], None] | None) -> str:
+    """`text_field`; where that is the default `text` and the file has no such column, its one string
+    column besides the label (GLUE/SST's `sentence`), said in one line through `say`."""
+    if text_field in ds.column_names or text_field != DEFAULT_TEXT_FIELD:
+        return text_field
+    strings = [
+        c for c in ds.column_names
+        if c != label_field and getattr(ds.features[c], "dtype", None) in ("string", "large_string")
+    ]  # fmt: skip
+    if len(strings) != 1:
+        return text_field  # none or several to choose from: the caller names the columns there are
+    if say is not None:
+        say(f"--text-field: no column 'text'; reading {strings[0]!r}, the one text column besides the label")
+    return strings[0]
+
+
+def read_labelled(
+    flag: str, path: str, text_field: str, label_field: str, say: Callable[[str], None] | None = None
+) -> Labelled:
+    """The texts and labels of one file; a missing default `text` column is its only string column (said
+    through `say`: pass it for the first file read, whose column the others then name)."""
     p = Path(path)
     ds = _load(flag, p)
+    text_field = _text_column(ds, text_field, label_field, say)
     for field, what in ((text_field, "--text-field"), (label_field, "--label-field")):
         if field not in ds.column_names:
             raise UserError(
@@ -57,7 +81,7 @@ def read_labelled(flag: str, path: str, text_field: str, label_field: str) -> La
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is empty")
         if y is None or isinstance(y, float | list | dict) or (isinstance(y, str) and not y.strip()):
             raise UserError(f"--{flag} {p}: row {i}: label {y!r} is not a string or an integer")
-    return Labelled(p, list(texts), list(labels), hashlib.sha256(p.read_bytes()).hexdigest())
+    return Labelled(p, list(texts), list(labels), hashlib.sha256(p.read_bytes()).hexdigest(), text_field)
 
 
 @dataclass(frozen=True, slots=True)

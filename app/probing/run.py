@@ -12,6 +12,7 @@ from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
 from app.common.errors import UserError
 from app.common.files import atomic_write
+from app.common.logs import heartbeat
 from app.probing.bounds import cap_counts, check_batches
 from app.probing.config import FEATURES, TransferConfig, parse_layers
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
@@ -60,8 +61,8 @@ class Transfer:
         self.cfg = cfg
         self.src = open_source(cfg.checkpoint)
         self.tokenizer = self.src.tokenizer()
-        f = (cfg.text_field, cfg.label_field)
-        self.train = read_labelled("train", cfg.train, *f)
+        self.train = read_labelled("train", cfg.train, cfg.text_field, cfg.label_field, say=_progress)
+        f = (self.train.text_field, cfg.label_field)  # the column --train's texts came from
         self.test = read_labelled("test", cfg.test, *f)
         self.val = read_labelled("validation", cfg.validation, *f) if cfg.validation else None
         self.classes: Classes = classes_of(self.train)
@@ -87,7 +88,7 @@ class Transfer:
 
         c = self.cfg
         paths = {
-            k: cache_path(self.out / "features", ckpt_digest, data.sha256, c.text_field, k, self.layers)
+            k: cache_path(self.out / "features", ckpt_digest, data.sha256, data.text_field, k, self.layers)
             for k in self.kinds
         }
         pad = self.tokenizer.pad_id
@@ -143,7 +144,8 @@ class Transfer:
 
         val_texts = self.val.texts if self.val is not None else None
         splits = self._pairs(self.train.texts, val_texts, self.test.texts)
-        return ngram_baseline(*splits, self.cfg.seed)
+        with heartbeat("n-gram baseline: tf-idf word 1-2 and char 2-5 grams, logistic regression", _progress):
+            return ngram_baseline(*splits, self.cfg.seed)
 
     def _probe(self, feats: dict):
         """The probe of each feature kind tried; the validation accuracy (best over C) picks one (ties: the
@@ -183,15 +185,16 @@ class Transfer:
         )
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
 
-    def _plots(self, model, feats: dict, kind: str, neuron: int) -> list[str]:
+    def _plots(self, model, feats: dict, kind: str, single: dict) -> list[str]:
         from app.probing.features import neuron_trace
-        from app.probing.plots import char_values, heatmap, histogram
+        from app.probing.plots import char_values, heatmap, histogram, histogram_title
 
         self.out.mkdir(parents=True, exist_ok=True)
-        names, X, y = self.classes.names, feats["test"][0].features[kind], self.y["test"]
-        histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron)
-        H = model.cfg.hidden_dim
+        neuron, H = single["neuron"], model.cfg.hidden_dim
         layer, unit = self.layers[neuron // H], neuron % H  # layers side by side: H units each
+        names, X, y = self.classes.names, feats["test"][0].features[kind], self.y["test"]
+        title = histogram_title(kind, layer, unit, single["test_accuracy"])
+        histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron, title)
         files = ["top_neuron_hist.png"]
         # a few test texts, alternating classes so each colour story shows
         picks = [
@@ -221,7 +224,8 @@ class Transfer:
         test = self._xy(feats, kind)[2]
         tr_idx, val_idx = self._split()
         split = None if val_idx is None else (len(tr_idx), len(val_idx))
-        pngs = self._plots(model, feats, kind, probe.single["neuron"])
+        with heartbeat("figures: the top neuron's histogram and per-character trace", _progress):
+            pngs = self._plots(model, feats, kind, probe.single)
         finetuned = self._finetune(model, feats)
         fresh = [f for f, _ in feats.values() if not f.cached]
         secs, toks, texts = (
