@@ -34,6 +34,7 @@ PAGE_COMMANDS = {
     "evaluation.md": ["evaluate", LAUNCHER],
     "generation.md": ["generate", "export"],
     "transfer.md": ["transfer"],
+    "import.md": ["import_weights"],
     "gpu.md": ["train", LAUNCHER],
     "tracking.md": ["train", "plot"],
     "reliability.md": ["train", "evaluate", "generate", "transfer", "prep"],
