@@ -125,9 +125,13 @@ def configurations(arch: int, only_widths: list[int] | None = None) -> dict:
 
 
 def _tool(name: str) -> str:
+    """Triton's own copy of a CUDA tool, else the one on PATH."""
+    import shutil
+
     import triton
 
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    return str(bundled) if bundled.exists() else (shutil.which(name) or name)
 
 
 def _dots(ttgir: str) -> list[dict]:
