@@ -134,9 +134,11 @@ class Loop:
             prec["PREC"] = "ieee"
         # fp fusion stated (Triton's default, which 3.9+ warns it will change): the tests and timings hold for it
         opts = {} if interpreting() else dict(num_warps=t.warps, num_stages=stages, enable_fp_fusion=True)
-        if opts and launch.use_dot and dtype == torch.float32 and prec["PREC"] == "ieee":
-            # fp32's FMA products: left to itself ptxas held them to 96 registers and spilled (24 bytes at B64
-            # H1024); allowed the whole file it takes what it needs (154, no spill: bench/kernel_report.py)
+        if opts:
+            # Left to itself ptxas held some kernels to 64-96 registers for occupancy and spilled 8-24 bytes
+            # (19 configurations of 1122 in the report of run 3: small tiles, fp32's FMA products); allowed the
+            # whole register file it takes what it needs (an fp32 gate phase: 96 registers and 24 bytes
+            # spilled, then 154 and none; bench/kernel_report.py)
             opts["maxnreg"] = 255
         return dict(PHASES=launch.phases, SYNC=launch.sync, USE_DOT=launch.use_dot, BK=bk, CACHE=cache,
                     MAX_SPIN=MAX_SPIN, **tiles, **prec, **opts)  # fmt: skip
