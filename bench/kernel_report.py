@@ -99,7 +99,9 @@ def _launches(arch: int, sms: int, l2: int, B: int, H: int, dname: str):
                 if d not in loop.directions:
                     continue
                 c = loop.consts(dtype, launch)
-                opts = {k: c.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg") if k in c}
+                opts = {
+                    k: c.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg") if k in c
+                }
                 c["ACC"] = str(c["ACC"])  # picklable; rebuilt in the worker
                 sig, nones = _signature(loop, launch, dtype)
                 entry = dict(kernel=f"mlstm_{d}", sig=sig, consts=c, nones=nones, opts=opts, arch=arch,
@@ -228,7 +230,10 @@ def run(archs: list[int], jobs: int, only_widths: list[int] | None = None, reuse
         entries += configurations(arch, only_widths).values()
     reuse = dict(reuse or {})
     todo = [e for e in entries if e["key"] not in reuse]
-    print(f"{len(entries)} distinct builds for sm_{', sm_'.join(map(str, archs))}; {len(todo)} to build", flush=True)
+    print(
+        f"{len(entries)} distinct builds for sm_{', sm_'.join(map(str, archs))}; {len(todo)} to build",
+        flush=True,
+    )
     with ProcessPoolExecutor(max(1, jobs)) as ex:
         for i, b in enumerate(ex.map(build, todo), 1):
             b["tensor_cores"] = _tensor_cores(b)
@@ -267,7 +272,9 @@ def main() -> None:
     archs = [int(a) for a in args.arch.split(",")]
     only = [int(w) for w in args.widths.split(",") if w] or None
     t0 = time.perf_counter()
-    builds = run(archs, args.jobs, only, reusable(REPORT) if args.save else None, REPORT if args.save else None)
+    builds = run(
+        archs, args.jobs, only, reusable(REPORT) if args.save else None, REPORT if args.save else None
+    )
     for b in builds:
         print(f"sm_{b['arch']} {b['kernel']} phases {b['consts']['PHASES']} {'sync' if b['consts']['SYNC'] else ''} "
               f"dot {b['consts']['USE_DOT']} {b['consts']['PREC']} tiles {_tiles(b)} warps {b['opts']['num_warps']}: "

@@ -215,7 +215,9 @@ def bench_size(name: str, B: int, T: int, H: int, reps: int, budget_s: float) ->
     fpt = {c: 3 * recurrent_flops_per_token(c, H, H) for c in ("mlstm", "lstm")}
     steps, failed = {}, {}
     here = [k for k in KINDS if DEVICE.type == "cuda" or not k.startswith(CUDA_ONLY)]
-    if name == "field":  # the 4096-wide layer: the bf16 contenders (fp32 FMA products there take seconds a step)
+    if (
+        name == "field"
+    ):  # the 4096-wide layer: the bf16 contenders (fp32 FMA products there take seconds a step)
         here = [k for k in here if k.endswith("bf16")]
     for k in here:
         try:

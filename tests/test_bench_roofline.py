@@ -7,10 +7,10 @@ import torch
 from launcher import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import roofline  # noqa: E402  (bench/roofline.py)
+import roofline
 
-from app.model.gpu_loops import PersistentLoop, SplitKLoop  # noqa: E402
-from app.model.gpu_tiles import Tiles, tiles_for  # noqa: E402
+from app.model.gpu_loops import PersistentLoop, SplitKLoop
+from app.model.gpu_tiles import Tiles, tiles_for
 
 
 def test_flops_are_three_forwards_of_the_layers_products():
@@ -21,7 +21,9 @@ def test_flops_are_three_forwards_of_the_layers_products():
 def test_streamed_weights_cost_each_step_resident_ones_once():
     resident = roofline.hbm_bytes(128, 128, 4096, 2, weights_in_l2=True)
     streamed = roofline.hbm_bytes(128, 128, 4096, 2, weights_in_l2=False)
-    assert streamed - resident == pytest.approx(2 * 127 * 5 * 4096**2 * 2)  # both directions, T - 1 more reads
+    assert streamed - resident == pytest.approx(
+        2 * 127 * 5 * 4096**2 * 2
+    )  # both directions, T - 1 more reads
 
 
 def test_l2_reads_follow_the_tiles_and_the_backward_tiles_cut_them_threefold():
@@ -47,5 +49,9 @@ def test_the_bound_names_what_binds():
     t = tiles_for(128, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
     b = roofline.bound(dict(B=128, T=128, H=4096), 2, False, ceil, PersistentLoop(t, 132), SplitKLoop(t, 132))
     times = {k[:-3]: v for k, v in b.items() if k.endswith("_ms") and k != "bound_ms"}
-    assert b["bound_ms"] == max(times.values()) == times[b["bound_by"]] and set(times) == {"compute", "hbm", "l2"}
+    assert b["bound_ms"] == max(times.values()) == times[b["bound_by"]] and set(times) == {
+        "compute",
+        "hbm",
+        "l2",
+    }
     assert roofline.bound(dict(B=16, T=128, H=256), 2, True, ceil)["l2_ms"] is None  # no tiles given

@@ -2,6 +2,7 @@
 
 import torch
 
+
 def test_a_wide_product_times_only_the_rows_its_budget_holds(monkeypatch):
     """The first product of a (K, N) times every row bucket up to a cap that shrinks with K x N (the 4096-wide
     layer's first product used to time 1024-row products, over a second each: minutes before a first token);
@@ -15,4 +16,6 @@ def test_a_wide_product_times_only_the_rows_its_budget_holds(monkeypatch):
     table = matmul._choice[("linear", 256, 256, torch.float32)]
     assert sorted(table) == [1, 2, 4, 8, 16], table  # 16 x 256 x 256 = 2^20 multiply-adds
     assert name == table[16] and matmul.choose(3, 256, 256, torch.float32) == table[4]
-    assert matmul._rows_cap("linear", 16, 16) == 1024 and matmul._rows_cap("step", 16, 16) == 256  # the kinds caps
+    assert (
+        matmul._rows_cap("linear", 16, 16) == 1024 and matmul._rows_cap("step", 16, 16) == 256
+    )  # the kinds caps

@@ -328,7 +328,9 @@ def test_cuda_dispatch_times_the_loops_once_and_logs_the_choice(caplog, monkeypa
         fns = {core.select("auto", x, w) for _ in range(3)}
     choice = gpu_tuning._choices[(*gpu_tuning._key(x, w), None)]
     assert fns == {core.MLSTMFunction if choice.python else triton_core.TritonMLSTMFunction}, choice.times
-    lines = [r.message for r in caplog.records if r.message.startswith("mLSTM core on") and "B32 H256" in r.message]
+    lines = [
+        r.message for r in caplog.records if r.message.startswith("mLSTM core on") and "B32 H256" in r.message
+    ]
     assert len(lines) == 1 and "ms at T=64" in lines[0], lines  # the choice, said once
     assert set(choice.times) >= TIMED, choice.times
     assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction  # "fused" asks for it, whatever won
