@@ -78,6 +78,15 @@ def bwd_args(b: dict, *, prod_h=None, prod_m=None, bar=None) -> dict:
     return {**{n: b[n] for n in names}, "prod_h": prod_h, "prod_m": prod_m, "part": b.get("part"), "bar": bar}
 
 
+def launch_kernel(kernel, grid: int, args: dict, **consts) -> None:
+    """kernel[grid] with `args` (every tensor and scalar, by name: none can land in another's place) put in the
+    kernel's own parameter order, the constexprs and launch options by keyword; a parameter with no value is
+    refused here, not aliased to a neighbour."""
+    missing = [n for n in kernel.arg_names if n not in args and n not in consts]
+    assert not missing, f"{kernel.__name__}: no value for {missing}"
+    kernel[(grid,)](*[args[n] for n in kernel.arg_names if n in args], **consts)
+
+
 @dataclass(frozen=True)
 class Launch:
     """One kind of kernel launch a loop makes: the kernel (forward or backward), the phases it runs, whether
@@ -175,7 +184,7 @@ class StepLoop(Loop):
         plan = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches() if lc.fwd]
         for t in range(T):
             for n, c in plan:
-                kernel[(n,)](**args, t0=t, t1=t + 1, B=B, H=H, **c)
+                launch_kernel(kernel, n, {**args, "t0": t, "t1": t + 1, "B": B, "H": H}, **c)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
         kernel, dtype, args = _k().mlstm_bwd, b["w_mh_t"].dtype, self.kernel_args(b, False)
@@ -183,7 +192,7 @@ class StepLoop(Loop):
         b["dc"].zero_()
         for t in range(T - 1, -1, -1):
             for n, c in plan:
-                kernel[(n,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c)
+                launch_kernel(kernel, n, {**args, "t0": t, "t1": t + 1, "T": T, "B": B, "H": H}, **c)
 
 
 class CublasLoop(Loop):
@@ -212,9 +221,9 @@ class CublasLoop(Loop):
         w_mh_t, w_m_t = b["w_mh"].t(), b["w_m"].t()
         for t in range(T):
             torch.mm(b["hs"][t], w_mh_t, out=p_r)  # (B, H) r_t
-            kernel[(n_r,)](**args, t0=t, t1=t + 1, B=B, H=H, **c_r)
+            launch_kernel(kernel, n_r, {**args, "t0": t, "t1": t + 1, "B": B, "H": H}, **c_r)
             torch.mm(b["ms"][t], w_m_t, out=p_g)  # (B, 4H) z_t
-            kernel[(n_g,)](**args, t0=t, t1=t + 1, B=B, H=H, **c_g)
+            launch_kernel(kernel, n_g, {**args, "t0": t, "t1": t + 1, "B": B, "H": H}, **c_g)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
         kernel, dtype = _k().mlstm_bwd, b["w_mh_t"].dtype
@@ -227,9 +236,9 @@ class CublasLoop(Loop):
         for t in range(T - 1, -1, -1):
             if t < T - 1:
                 torch.mm(b["dr"][t + 1], w_mh, out=p_h)  # (B, H) d(r_{t+1}) W_mh
-            kernel[(n_h,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c_h)
+            launch_kernel(kernel, n_h, {**args, "t0": t, "t1": t + 1, "T": T, "B": B, "H": H}, **c_h)
             torch.mm(b["dp"][t, :, H:], w_m, out=p_m)  # (B, H) dG_t W_m: dG's rows have stride 5H
-            kernel[(n_m,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c_m)
+            launch_kernel(kernel, n_m, {**args, "t0": t, "t1": t + 1, "T": T, "B": B, "H": H}, **c_m)
 
 
 class PersistentLoop(Loop):
@@ -272,9 +281,9 @@ class PersistentLoop(Loop):
             for t in range(T) if fwd else range(T - 1, -1, -1):
                 for p in phases:
                     c = self.consts(dtype, Launch(fwd, p, use_dot=launch.use_dot))
-                    kernel[(P,)](**args, t0=t, t1=t + 1, **scalars, **c)
+                    launch_kernel(kernel, P, {**args, "t0": t, "t1": t + 1, **scalars}, **c)
         else:
-            kernel[(P,)](**{**args, "bar": bar}, t0=0, t1=T, **scalars, launch_cooperative_grid=self.cooperative,
+            launch_kernel(kernel, P, {**args, "bar": bar, "t0": 0, "t1": T, **scalars}, launch_cooperative_grid=self.cooperative,
                          **self.consts(dtype, launch))  # fmt: skip
         if faults.barrier_times_out():
             bar[1] = 1

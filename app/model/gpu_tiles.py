@@ -77,7 +77,9 @@ TABLE = dict(
     # large H: 4 x 32 = 128 weight rows, half the tiles' L2 reads (4-byte operands: 4 x 16; 4 x 32 spilled)
     g_units_streamed={2: dict(start=32, least=16, last=4), 4: dict(start=16, least=16, last=4)},
     m_units=dict(start=64, least=16, last=4),  # the backward's phase 2 (dm = W_m^T dG, K = 4H)
-    split_tile=dict(rows={2: 128, 4: 32, 8: 32}, units=64, least_k_steps=2),  # split over K: whole batch x 64
+    # split over K: whole batch x 64 units, at most 8 slices (their sum is unrolled: 32 slices of a B16 H256
+    # fp32 split held 255 registers and spilled under Triton 3.9)
+    split_tile=dict(rows={2: 128, 4: 32, 8: 32}, units=64, least_k_steps=2, most=8),
     warps=4,
     warps_wide=8,  # a tile of 128 batch rows
     stages=3,
@@ -152,7 +154,7 @@ def split_tiles(base: Tiles, B: int, H: int, sms: int, dtype: torch.dtype) -> Ti
     rows = rule["rows"][torch.finfo(dtype).bits // 8]
     bb_m, bu_m = min(rows, max(TABLE["rows_least"], next_pow2(B))), rule["units"]
     outputs = -(-B // bb_m) * -(-H // bu_m)
-    split = max(1, min(sms // outputs, 4 * H // (rule["least_k_steps"] * base.bk)))
+    split = max(1, min(sms // outputs, 4 * H // (rule["least_k_steps"] * base.bk), rule["most"]))
     # 8 warps from 64 x 32 (2048 accumulators): on 4, fp32 FMA products spilled at sm_89 (B64 H1024)
     warps = TABLE["warps_wide"] if bb_m * bu_m >= 2048 else base.warps
     return replace(base, bb_m=bb_m, bu_m=bu_m, split=split, warps=warps)
