@@ -158,12 +158,12 @@ def fused_core_built() -> None:
     from app.model.fused_core import fused_ops
 
     fused_ops()
-    # DeepSpeed's CPU all-reduce op is JIT-built by the first rank that needs it, under a lock file: a rank
-    # killed by a time-out mid-build leaves the lock behind and every later launch waits on it for ever.
-    from deepspeed.comm.torch import build_shm_op
+    # DeepSpeed's CPU all-reduce op, JIT-built by the first rank that needs it: built once here instead,
+    # the way every rank builds it (under our build lock, which clears a lock a killed build left)
+    from app.parallel.runtime import prebuild_cpu_comm_op
 
     with contextlib.redirect_stdout(io.StringIO()):
-        build_shm_op()
+        prebuild_cpu_comm_op()
 
 
 # ---- a real cluster on this machine (tests/cluster.py): sshd + pdsh on 127.0.0.1/127.0.0.2, and Slurm

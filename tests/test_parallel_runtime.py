@@ -29,3 +29,36 @@ def test_deterministic_defaults_on_for_cpu_and_off_on_cuda():
 
     assert deterministic_default(None) is (not torch.cuda.is_available())
     assert (deterministic_default(True), deterministic_default(False)) == (True, False)
+
+
+def test_a_lock_left_by_a_killed_comm_op_build_does_not_hang_the_next_launch(tmp_path):
+    """A first launch killed while DeepSpeed JIT-built its CPU comm op leaves torch's `lock` file in the op's
+    build folder. Before the op was built under our build lock, every later launch waited on it for ever in
+    `deepspeed.init_distributed` (a CI run sat out its 90 minutes on one). Now the process set-up removes it,
+    says so, and starts."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from launcher import ROOT
+
+    from app.common.toolchain import torch_extension_directory
+
+    built = torch_extension_directory("deepspeed_shm_comm")  # by the session fixture (tests/conftest.py)
+    root = tmp_path / "extensions"
+    shutil.copytree(built, root / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock", "*.flock"))
+    (root / "deepspeed_shm_comm" / "lock").touch()  # what a killed build leaves
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "MASTER_PORT": "29871"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE"):
+        env.pop(k, None)
+    code = "from app.parallel.runtime import init_distributed; init_distributed(); print('started')"
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the launch waited on the dead build's lock") from None
+    assert p.returncode == 0 and "started" in p.stdout, p.stderr[-3000:]
+    assert "left by a build that was killed" in p.stderr, p.stderr[-3000:]
+    assert not (root / "deepspeed_shm_comm" / "lock").exists()

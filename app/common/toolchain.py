@@ -10,7 +10,9 @@ the nodes' ranks and the launching node's processes.
 A build killed mid-way (Ctrl-C, a timeout, a preempted job) leaves torch's `lock` file in its build
 folder, and every later build of that extension waits on it forever. `build_lock` holds an flock, which
 the kernel drops when its holder dies, around our own builds: holding it, a `lock` file can only be
-one a dead build left, so it is removed.
+one a dead build left, so it is removed. DeepSpeed's CPU comm op is built the same way, under that flock, before
+`deepspeed.init_distributed` asks for it (`prebuild_deepspeed_op`): DeepSpeed keeps an op it loaded once per
+process, so its own load then never waits on torch's `lock`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,33 @@ def build_directory(name: str) -> Path:
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}" / name
+
+
+def torch_extension_directory(name: str) -> Path:
+    """The folder torch's JIT loader builds NAME in when the caller names none (DeepSpeed's ops): torch's own
+    layout, TORCH_EXTENSIONS_DIR/NAME, else its build root / py<version><abiflags>_<cpu|cuXY|rocmXY> / NAME."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        if torch.version.hip is not None:
+            kind = "rocm" + torch.version.hip.replace(".", "")
+        elif torch.version.cuda is not None:
+            kind = "cu" + torch.version.cuda.replace(".", "")
+        else:
+            kind = "cpu"
+        tag = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{kind}"
+        root = os.path.join(get_default_build_root(), tag)
+    return Path(root) / name
+
+
+def prebuild_deepspeed_op(builder) -> None:
+    """Build (or load from the cache) a DeepSpeed op under `build_lock`: a `lock` file left in its folder by a
+    build that was killed is removed first, where torch's loader would wait on it forever."""
+    use_environment_scripts()  # this environment's ninja, whose build log the cached build was made with
+    with build_lock(torch_extension_directory(builder.NAME)):
+        builder.load(verbose=False)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ import torch
 from app.common.errors import peer_reported, write_traceback
 from app.common.lifetime import die_with_parent
 from app.common.logs import get_logger, library_prints
-from app.common.toolchain import use_environment_scripts
+from app.common.toolchain import prebuild_deepspeed_op, use_environment_scripts
 
 # Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
@@ -117,6 +117,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
     # of the two: on a loaded machine it can outlast a short --dist-timeout-s (arm_collective_timeout)
     kwargs = {"timeout": timedelta(seconds=max(timeout_s, START_UP_TIMEOUT_S))} if timeout_s else {}
     with library_prints():  # "DeepSpeed ... shm_comm_op built successfully", once per rank
+        prebuild_cpu_comm_op()
         deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
     # this rank's buffers at exit, named now: a caller of main() in-process may restore its environment
     atexit.register(
@@ -126,6 +127,22 @@ def init_distributed(timeout_s: float | None = None) -> None:
         get_logger().info(f"imported {', '.join(secrets)} from MLSTM_DS_SECRETS_FILE")
     if get_accelerator().device_name() == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def prebuild_cpu_comm_op() -> None:
+    """On the CPU accelerator, DeepSpeed's shared-memory all-reduce op built (or loaded) under our build lock
+    before `init_distributed` loads it: a build killed mid-way (a timed-out or interrupted first launch)
+    leaves torch's `lock` file, on which every later launch would wait for ever (app/common/toolchain.py).
+    Where DeepSpeed would not use the op (another accelerator, not Linux) nothing is built."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return
+    builder = accelerator.create_op_builder("ShareMemCommBuilder")
+    if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        prebuild_deepspeed_op(builder)
 
 
 def arm_collective_timeout(timeout_s: float) -> None:
