@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
-from app.common.resources import available_memory, cap, fmt_bytes, usable_cpus
+from app.common.resources import available_memory, cap, cpu_limit, fmt_bytes
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig, default_num_proc
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
@@ -265,11 +265,10 @@ def _workers(
     cfg: PrepConfig, blocks: Iterator[Block | None], memory: int | None
 ) -> tuple[int, Iterator[Block | None]]:
     """The encode workers the machine and the input can use: --num-proc capped at the CPUs this process may
-    run on, at the blocks left to encode and at the blocks the free memory holds, said in one line (a warning
+    run on (its affinity mask and its cgroups' CPU quota), at the blocks left to encode and at the blocks the free memory holds, said in one line (a warning
     when --num-proc was given); and `blocks` again, with the (at most that many) blocks read ahead to count
     them."""
-    cpus = usable_cpus()
-    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
+    limits = [cpu_limit()]
     if memory is not None:
         limits.append(
             (
