@@ -37,12 +37,14 @@ def default_out(src: Source) -> Path:
 
 
 def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
-    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be."""
+    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be,
+    and always on the fitting side: a class of n rows gives the validation split at most n - 1 (a 2-row class
+    at --val-fraction 0.75 keeps one; a 1-row class stays whole)."""
     rng = np.random.default_rng(seed)
     val = []
     for k in np.unique(y):
         rows = rng.permutation(np.flatnonzero(y == k))
-        val.extend(rows[: round(fraction * len(rows))].tolist() if len(rows) > 1 else [])
+        val.extend(rows[: min(round(fraction * len(rows)), len(rows) - 1)].tolist())
     val_idx = np.asarray(sorted(val), dtype=np.int64)
     tr_idx = np.setdiff1d(np.arange(len(y)), val_idx)
     if len(val_idx) == 0:
