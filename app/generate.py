@@ -40,7 +40,7 @@ from app.generation.stream import generate
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
     prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, lambda line: print(f"# {line}", file=sys.stderr, flush=True))
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
     lengths = [len(ids) for ids in tokenizer.encode_batch(prompts or [cfg.prompt or ""])]

@@ -8,6 +8,7 @@ from typing import TextIO
 
 import torch
 
+from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.numbers import check_numbers
 from app.common.resources import cap, check_fits
@@ -64,16 +65,9 @@ class GenerateConfig:
             )
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r}: expected cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    return dev
+def pick_device(name: str, say=None) -> torch.device:
+    """--device: a GPU asked for and absent is one line saying what torch sees; auto says what it chose."""
+    return resolve_device(name, "--device", say)
 
 
 def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from app.checkpoints.loader import Source, open_source
+from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.probing.bounds import cap_counts, check_batches
@@ -78,8 +78,9 @@ class Transfer:
         except ValueError as e:
             raise UserError(str(e)) from None
         self.kinds = FEATURES if cfg.features == "auto" else (cfg.features,)
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA device is available")
+        self.device = resolve_device(
+            cfg.device, "--device", _progress
+        )  # a GPU asked for and absent: one line
         width = self.src.model_cfg.hidden_dim * len(self.layers)
         cap_counts(cfg, width, {"train": len(self.train.texts), "test": len(self.test.texts)}, _progress)
 
@@ -212,7 +213,7 @@ class Transfer:
 
     def run(self) -> dict:
         c = self.cfg
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
+        device = self.device.type
         model = self.src.load_model(device)
         feats = self.featurize_all(model)
         kind, probe, best_val = self._probe(feats)
