@@ -77,6 +77,27 @@ def available_memory(device=None) -> int | None:
     return host_memory()
 
 
+HEAP_MMAP_THRESHOLD = 1 << 20
+
+
+def steady_heap() -> bool:
+    """Blocks of 1 MiB and more mapped and unmapped directly, whatever was freed before (glibc's mallopt
+    M_MMAP_THRESHOLD, which also stops it raising that threshold to the largest block freed so far). By
+    default, once a process has freed a large tensor, glibc serves later ones up to that size from its heap
+    and keeps them there when they are freed: work whose tensors change shape (texts of every length,
+    evaluation's buckets) then held ~1.6x the memory of its largest batch (bench/memory.py), which no
+    estimate made from that batch can bound. Called by the entry points that estimate their memory; a
+    MALLOC_MMAP_THRESHOLD_ in the environment is left to win. -> whether it was set (glibc only)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL(None).mallopt(-3, HEAP_MMAP_THRESHOLD))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
 def cap(flag: str, value: int, limits: list[tuple[int, str]], say: Callable[[str], None] | None) -> int:
     """`value` lowered to the smallest of `limits` ((limit, why) pairs); when it is lowered and `say` is
     given, one line: "--flag 4096 capped at 2: 2 CPUs are available to this process"."""

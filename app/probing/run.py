@@ -108,7 +108,8 @@ class Transfer:
         out = {}
         for name, data in sets.items():
             ids = token_ids(self.tokenizer, data.texts)
-            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False, model=model)
+            top = max(self.layers) + 1  # featurizing runs the layers up to the highest asked for
+            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, top, training=False, model=model)
             out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
 
