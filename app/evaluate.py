@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: impo
 from app.common.cli import parse_config
 from app.common.errors import exit_on_user_error
 from app.common.logs import setup_logging
+from app.common.resources import steady_heap
 from app.evaluation.config import EvalConfig
 
 
@@ -54,6 +55,7 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    steady_heap()  # memory its estimates bound (app.common.resources)
     log = setup_logging(cfg.verbose)
     from app.evaluation.evaluator import Evaluator  # DeepSpeed is imported only for a valid request
 

@@ -30,6 +30,7 @@ import json
 from app.checkpoints.loader import open_source
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
+from app.common.resources import steady_heap
 from app.generation.config import GenerateConfig, bound, pick_device, read_prompts
 from app.generation.decoder import Decoder
 from app.generation.interactive import Session, read_lines, run_session
@@ -39,8 +40,9 @@ from app.generation.stream import generate
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
+    steady_heap()  # memory its estimates bound (app.common.resources)
     prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, lambda line: print(f"# {line}", file=sys.stderr, flush=True))
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
     lengths = [len(ids) for ids in tokenizer.encode_batch(prompts or [cfg.prompt or ""])]

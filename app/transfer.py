@@ -31,12 +31,14 @@ if __package__ in (None, ""):  # run as a script: import the repo, not app/
 from app.common.cli import parse_config
 from app.common.errors import exit_on_user_error
 from app.common.logs import setup_logging
+from app.common.resources import steady_heap
 from app.probing.config import TransferConfig
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TransferConfig, argv, __doc__)
+    steady_heap()  # memory its estimates bound (app.common.resources)
     setup_logging(False)
     from app.probing.run import Transfer, summary
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from app.common import faults, lifetime
 from app.common.logs import Progress, heartbeat
-from app.common.resources import available_memory, cap, fmt_bytes, usable_cpus
+from app.common.resources import available_memory, cap, cpu_limit, fmt_bytes
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig, default_num_proc
 from data_prep.encode import Block, EncodeFn, LossyTokenizerError
@@ -56,11 +56,36 @@ EFFICIENCY_SAMPLE = 2_000_000
 # SentencePiece's trainer gives a different model for a different thread count, so the count is fixed
 # (not --num-proc): the output must not depend on how many workers encode it.
 SPM_TRAIN_THREADS = 4  # train lengths drawn from the histogram to estimate padding efficiency
-# Memory per byte, estimates (checked against the free memory only, so they stop absurd values): a block in
-# the parent's read-ahead and in a worker with its int32 tokens and Arrow rows; a tokenizer sample held
-# twice by the scan and many times over by SentencePiece's trainer.
-BLOCK_MEMORY = 11
+# Memory a worker's block takes (bench/memory.py measures it: 5.3 bytes a byte of text and 19 a token): the
+# text read back, parsed, checked and hashed, per byte; the token ids and their copies (int32), byte counts
+# (int64), split codes and the Arrow tables, per token. A tokenizer sample is held twice by the scan and
+# many times over by SentencePiece's trainer (an estimate that stops absurd values).
+BLOCK_TEXT_MEMORY = 6
+BLOCK_TOKEN_MEMORY = 24
+SPM_FEWEST_TOKENS_PER_BYTE = 0.1  # before a SentencePiece model exists: no model makes fewer of text
+TOKENS_SAMPLE_BYTES = 1 << 20  # of the first block, encoded to count the tokenizer's tokens per byte
 SAMPLE_MEMORY = 22
+END = object()  # an iterator's end
+
+
+def block_memory(block_mb: float, tokens_per_byte: float) -> float:
+    """Bytes a worker needs to encode one --block-mb block into `tokens_per_byte` tokens a byte."""
+    return block_mb * 1e6 * (BLOCK_TEXT_MEMORY + BLOCK_TOKEN_MEMORY * tokens_per_byte)
+
+
+def tokens_per_byte(tok: Tokenizer, block: Block | None) -> float:
+    """The tokenizer's tokens per byte of text: 1 for bytes; for SentencePiece, counted on the first MiB of
+    `block`'s texts (a JSON row's raw line counts as its text, a little more than the field it holds)."""
+    if tok.meta().get("type") == "byte" or block is None:
+        return 1.0
+    texts, size = [], 0
+    for text in block.texts:
+        if text:
+            texts.append(text[: TOKENS_SAMPLE_BYTES - size])
+            size += len(texts[-1].encode())
+        if size >= TOKENS_SAMPLE_BYTES:
+            break
+    return sum(len(ids) for ids in tok.encode_arrays(texts)) / max(1, size) if texts else 1.0
 
 
 def _reuse_tokenizer(cfg: PrepConfig) -> SentencePieceTokenizer:
@@ -268,42 +293,50 @@ def _blocks(cfg: PrepConfig, srcs: sources.Sources, skip: int) -> Iterator[Block
 
 
 def _memory_bounds(cfg: PrepConfig) -> tuple[int | None, int]:
-    """(workers the free memory holds, bytes of tokenizer sample it holds), checked before the scan: a
-    --block-mb block one worker cannot hold is refused in one line; --tokenizer-train-mb above what memory
-    holds (the scan keeps two samples, SentencePiece's trainer many times one) is capped in one line."""
+    """(the free memory, bytes of tokenizer sample it holds), checked before the scan: a --block-mb block
+    one worker cannot hold even at the fewest tokens its tokenizer can make (a token a byte for bytes; for
+    SentencePiece, whose tokens are counted at the encode pass, SPM_FEWEST_TOKENS_PER_BYTE) is refused in
+    one line; --tokenizer-train-mb above what memory holds (the scan keeps two samples, SentencePiece's
+    trainer many times one) is capped in one line."""
     free = available_memory()
-    block = BLOCK_MEMORY * cfg.block_mb * 1e6
     budget = int(cfg.tokenizer_train_mb * 1e6)
     if free is None:
         return None, budget
+    _refuse_block(cfg, free, 1.0 if cfg.tokenizer == "byte" else SPM_FEWEST_TOKENS_PER_BYTE)
+    if cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None:
+        fit = int(free // SAMPLE_MEMORY / 1e6)
+        why = f"SentencePiece training needs about {SAMPLE_MEMORY}x its sample, and {fmt_bytes(free)} is available"
+        budget = int(cap("--tokenizer-train-mb", cfg.tokenizer_train_mb, [(fit, why)], log.warning) * 1e6)
+    return free, budget
+
+
+def _refuse_block(cfg: PrepConfig, free: int, per_byte: float) -> float:
+    """A worker's memory for one block (`block_memory`); one line when it is more than `free`."""
+    block = block_memory(cfg.block_mb, per_byte)
     if block > free:
         raise UserError(
             f"--block-mb {cfg.block_mb:g}: a block and its tokens need about {fmt_bytes(block)} of memory and "
             f"{fmt_bytes(free)} is available; lower --block-mb"
         )
-    if cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None:
-        fit = int(free // SAMPLE_MEMORY / 1e6)
-        why = f"SentencePiece training needs about {SAMPLE_MEMORY}x its sample, and {fmt_bytes(free)} is available"
-        budget = int(cap("--tokenizer-train-mb", cfg.tokenizer_train_mb, [(fit, why)], log.warning) * 1e6)
-    return int(free // block), budget
+    return block
 
 
 def _workers(
-    cfg: PrepConfig, blocks: Iterator[Block | None], memory: int | None
+    cfg: PrepConfig, blocks: Iterator[Block | None], free: int | None, tok: Tokenizer
 ) -> tuple[int, Iterator[Block | None]]:
     """The encode workers the machine and the input can use: --num-proc capped at the CPUs this process may
-    run on, at the blocks left to encode and at the blocks the free memory holds, said in one line (a warning
-    when --num-proc was given); and `blocks` again, with the (at most that many) blocks read ahead to count
-    them."""
-    cpus = usable_cpus()
-    limits = [(cpus, f"{cpus} CPU(s) are available to this process")]
-    if memory is not None:
-        limits.append(
-            (
-                max(1, memory),
-                f"the free memory holds {memory} block(s) of --block-mb {cfg.block_mb:g} and their tokens",
-            )
-        )
+    run on (its affinity mask and its cgroups' CPU quota), at the blocks left to encode and at the blocks the
+    free memory holds (`block_memory`, with the tokens `tok` makes of the first block; one line refusing a
+    block no worker can hold), said in one line (a warning when --num-proc was given); and `blocks` again,
+    with the (at most that many) blocks read ahead to count them."""
+    limits = [cpu_limit()]
+    first = next(blocks, END)
+    blocks = itertools.chain([] if first is END else [first], blocks)
+    if free is not None:
+        per = _refuse_block(cfg, free, tokens_per_byte(tok, None if first is END else first))
+        held = int(free // per)
+        why = f"the free memory holds {held} block(s) of --block-mb {cfg.block_mb:g} and their tokens"
+        limits.append((max(1, held), why))
     want = min(cfg.num_proc, *(n for n, _ in limits))
     ahead: list[Block | None] = []
     left = 0
@@ -597,7 +630,7 @@ def _encode(
     consumed = skip_blocks
     done_bytes = 0
     spool = shards.spool_dir(out)
-    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks), memory)
+    num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks), memory, tok)
     stream = _encode_stream(fn, blocks, num_proc, spool)
     progress = Progress(None, "pass 2 of 2, encode", "block", _say, bar=not cfg.quiet)
     try:

@@ -4,8 +4,9 @@
 #      where torch sees a CUDA GPU, 1 process on it (1 stage, ZeRO-2, bf16)
 #   4. evaluate on the test split (+ gzip/bzip2/xz reference)   5. export   6. print a sample
 # Environment: MINUTES (training time budget, default 4: the whole script takes about 5-6 minutes on 2 cores),
-# STEPS (train this many steps instead of MINUTES), DEVICE (auto, cpu or gpu), NUM_PROCS (2 on CPU, 1 on a
-# GPU), STAGES (2 on CPU, 1 on a GPU), MODEL (small), OUT (runs/quickstart), DATA (data/default), DS_CONFIG
+# STEPS (train this many steps instead of MINUTES), DEVICE (auto, cpu or gpu; gpu where torch sees no GPU stops in
+# one line saying why; only auto falls back to the CPU, and says so), NUM_PROCS (2 on CPU, 1 on a GPU), STAGES
+# (2 on CPU, 1 on a GPU), MODEL (small), OUT (runs/quickstart), DATA (data/default), DS_CONFIG
 # (ds_configs/cpu_pp2_zero1.json on CPU, ds_configs/gpu_bf16_zero2.json on a GPU), DS_LOG_LEVEL (DeepSpeed
 # launcher's log level, default error: its INFO lines are start-up noise), DRY_RUN=1 prints the commands only.
 # Rerunning resumes OUT: with a larger MINUTES (or STEPS) it trains on to the new total.
@@ -18,14 +19,18 @@ cd "$ROOT"
 DATA="${DATA:-data/default}"
 OUT="${OUT:-runs/quickstart}"
 DEVICE="${DEVICE:-auto}"
-if [ "$DEVICE" = auto ]; then
-  DEVICE=cpu
-  if python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then DEVICE=gpu; fi
+case "$DEVICE" in auto | cpu | gpu) ;; *) echo "error: DEVICE must be auto, cpu or gpu, not '$DEVICE'" >&2; exit 2 ;; esac
+# auto: the GPU where torch sees one, else the CPU, saying which and why; gpu: a GPU, or one line saying what
+# torch sees and how to fix it (exit 2), never the CPU in its place (app/common/devices.py)
+pick='import sys; from app.common.devices import quickstart_device; sys.exit(quickstart_device(sys.argv[1]))'
+if [ "${DRY_RUN:-0}" != 1 ] && [ "$DEVICE" != cpu ]; then
+  DEVICE="$(python -c "$pick" "$DEVICE")" || exit $?
+elif [ "$DEVICE" = auto ]; then  # a dry run shows the plan of the device torch sees, if it can tell
+  DEVICE="$(python -c "$pick" auto 2>/dev/null)" || DEVICE=cpu
 fi
 case "$DEVICE" in
   gpu) NUM_PROCS="${NUM_PROCS:-1}" STAGES="${STAGES:-1}" DS_CONFIG="${DS_CONFIG:-ds_configs/gpu_bf16_zero2.json}" ;;
-  cpu) NUM_PROCS="${NUM_PROCS:-2}" STAGES="${STAGES:-2}" DS_CONFIG="${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" ;;
-  *) echo "error: DEVICE must be auto, cpu or gpu, not '$DEVICE'" >&2; exit 2 ;;
+  *) NUM_PROCS="${NUM_PROCS:-2}" STAGES="${STAGES:-2}" DS_CONFIG="${DS_CONFIG:-ds_configs/cpu_pp2_zero1.json}" ;;
 esac
 echo "[quickstart] training on $DEVICE: $NUM_PROCS process(es), $STAGES pipeline stage(s), $DS_CONFIG" >&2
 if [ -n "${STEPS:-}" ]; then length=(--max-steps "$STEPS"); else length=(--time-budget "${MINUTES:-4}"); fi

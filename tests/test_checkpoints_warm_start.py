@@ -70,13 +70,19 @@ def test_fine_tune_from_an_export_and_from_a_run_in_other_layouts(reference_run,
 def test_init_from_with_another_tokenizer_or_shape_is_one_line(
     reference_run, prepared_byte_dir, prepared_dir, tmp_path
 ):
+    """Without --model-config the run takes the model's sizes, its vocabulary among them: base 2652e8d then
+    blamed --model-config, which the user never gave, for what is a tokenizer mismatch."""
     run_dir = reference_run[0]
+    tokenizer = "its tokenizer (sentencepiece, 384 pieces) is not --data's (byte"
     cases = [
-        (prepared_byte_dir, [], "its tokenizer (sentencepiece, 384 pieces) is not --data's (byte"),
-        (prepared_dir, ["--model-config", "small"], "does not fit this run's"),
+        (prepared_byte_dir, [], "debug", tokenizer),
+        (prepared_byte_dir, [], None, tokenizer),
+        (prepared_dir, ["--model-config", "small"], None, "does not fit this run's"),
     ]
-    for data, extra, needle in cases:
-        p = train_one_process(data, tmp_path / "bad", "--init-from", str(run_dir), *extra, *FINE_TUNE)
+    for data, extra, model, needle in cases:
+        p = train_one_process(
+            data, tmp_path / "bad", "--init-from", str(run_dir), *extra, *FINE_TUNE, model=model
+        )
         err = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(err) == 1 and err[0].startswith("error: --init-from"), p.stderr[
             -3000:
@@ -95,3 +101,24 @@ def test_init_from_without_a_model_config_takes_the_models_sizes(reference_run, 
     assert "--init-from: the model's sizes from" in p.stderr and "hidden_dim 64" in p.stderr, p.stderr[-3000:]
     model = json.loads((tmp_path / "ft" / "config.json").read_text())["model"]
     assert (model["hidden_dim"], model["num_layers"], model["dropout"]) == (64, 2, 0.1)
+
+
+def test_a_resume_does_not_need_the_init_from_source(reference_run, other_corpus, tmp_path):
+    """A warm-started run saved a checkpoint, then its --init-from folder went (a scratch area cleaned before
+    a requeue): the same command resumes, since a resume never reads those weights; base 2652e8d refused it
+    ("--init-from ...: no such ..."). No --model-config: the sizes come from the checkpoint then."""
+    import shutil
+
+    from app.export import main as export_main
+
+    src = tmp_path / "scratch" / "exp"
+    assert export_main(["--checkpoint", str(reference_run[0]), "--out", str(src)]) == 0
+    args = ("--init-from", str(src), *FINE_TUNE)
+    p = train_one_process(other_corpus, tmp_path / "ft", *args, model=None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    shutil.rmtree(tmp_path / "scratch")
+    p = train_one_process(other_corpus, tmp_path / "ft", *args, "--max-steps", "3", model=None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "--init-from: not read, --out resumes from step_00000002" in p.stderr, p.stderr[-3000:]
+    assert "resumed from" in p.stderr and "--init-from ignored" in p.stderr, p.stderr[-3000:]
+    assert json.loads((tmp_path / "ft" / "final_metrics.json").read_text())["step"] == 3

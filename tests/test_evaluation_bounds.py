@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from measured import check_estimate
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.checkpoints.loader import Source
@@ -130,3 +131,12 @@ def test_on_cuda_the_engine_is_checked_against_the_device(monkeypatch):
         UserError, match=r"^--stream: 1 stream\(s\) at a time in pieces of --text-chunk-len 4,096"
     ):
         check()
+
+
+def test_the_engine_and_reader_estimates_hold_what_they_take():
+    """Each measured in a child process (tests/measured.py): the engine's micro-batch, --stream's rows,
+    --cache's window and --dynamic's segment. Base 2652e8d's were 0.34-0.73x of these."""
+    check_estimate("engine", embed=64, hidden=256, vocab=4096, rows=8, length=1024)
+    check_estimate("stream", embed=64, hidden=256, vocab=4096, rows=8, length=4000, chunk=1024)
+    check_estimate("cache", embed=64, hidden=256, vocab=4096, length=8000, chunk=1024, window=4096)
+    check_estimate("dynamic", embed=64, hidden=256, vocab=4096, length=3000, segment=1024)

@@ -101,3 +101,29 @@ def test_deepspeed_wrapper_leaves_only_the_ranks_lines_on_a_cpu(tmp_path):
     assert [ln for ln in lines if not ln.startswith("rank")] == [
         "[setup] no GPU or other accelerator visible to torch: DeepSpeed runs on the CPU (DS_ACCELERATOR=cpu)"
     ], lines
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="torch sees a GPU here")
+def test_quickstart_asked_for_a_gpu_without_one_stops_in_one_line(tmp_path):
+    """Base 2652e8d said "training on gpu", then trained, evaluated, exported and sampled on the CPU in bf16
+    (rc 0). Now DEVICE=gpu with no GPU is one line saying what torch sees and how to fix it, before any step
+    (auto's line saying it chose the CPU: tests/test_common_devices.py)."""
+    from app.common.devices import cuda_seen
+
+    e = dict(
+        os.environ,
+        MLSTM_USE_CURRENT_ENV="1",
+        DEVICE="gpu",
+        DATA=str(tmp_path / "data"),
+        OUT=str(tmp_path / "r"),
+    )
+    p = subprocess.run(["bash", str(ROOT / "launch" / "quickstart.sh")], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    ours = [ln for ln in p.stderr.splitlines() if not ln.startswith("[setup]")]
+    assert p.returncode == 2 and len(ours) == 1, p.stderr
+    assert ours[0].startswith(f"error: DEVICE=gpu: {cuda_seen()}; ") and ours[0].endswith(
+        "run on the CPU (DEVICE=cpu, or DEVICE=auto)"
+    )
+    assert not (tmp_path / "data").exists() and p.stdout == ""
+    out = dry("quickstart.sh", DATA=str(tmp_path / "data"), DEVICE="auto")
+    assert "--num_gpus 2 app/train.py" in out  # a dry run of auto plans for the CPU torch sees

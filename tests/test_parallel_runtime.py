@@ -62,3 +62,23 @@ def test_a_lock_left_by_a_killed_comm_op_build_does_not_hang_the_next_launch(tmp
     assert p.returncode == 0 and "started" in p.stdout, p.stderr[-3000:]
     assert "left by a build that was killed" in p.stderr, p.stderr[-3000:]
     assert not (root / "deepspeed_shm_comm" / "lock").exists()
+
+
+def test_threads_never_exceed_the_cpus_this_process_may_run_on(monkeypatch):
+    """One process on a machine whose affinity mask grants it one CPU (taskset, a Slurm task): one thread,
+    where base 2652e8d split os.cpu_count() (every core of the node) between the node's processes."""
+    import os
+
+    from app.parallel.runtime import set_threads
+
+    before, mask = torch.get_num_threads(), os.sched_getaffinity(0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_SIZE", "1")
+    try:
+        os.sched_setaffinity(0, {min(mask)})
+        assert set_threads() == 1 == torch.get_num_threads()
+        os.sched_setaffinity(0, mask)
+        assert set_threads() == min(len(mask), os.cpu_count())
+    finally:
+        os.sched_setaffinity(0, mask)
+        torch.set_num_threads(before)

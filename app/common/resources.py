@@ -14,37 +14,59 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from app.common import cgroups
 from app.common.errors import UserError
 
 GIB = 1 << 30
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: what taskset, Slurm or a container grants it)."""
+def usable_cpus(root: Path = cgroups.ROOT, proc_cgroup: Path = cgroups.PROC_CGROUP) -> int:
+    """CPUs this process may keep busy: its affinity mask (what taskset, Slurm or a container grants it),
+    lowered to its cgroups' CPU quota (docker --cpus, a systemd CPUQuota=, Kubernetes' limits)."""
+    return cpu_limit(root, proc_cgroup)[0]
+
+
+def cpu_limit(root: Path = cgroups.ROOT, proc_cgroup: Path = cgroups.PROC_CGROUP) -> tuple[int, str]:
+    """(usable_cpus, why: "2 CPU(s) are available to this process", naming the cgroup quota when it is
+    what decides)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        mask = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        mask = max(1, os.cpu_count() or 1)
+    quota = cgroups.cpu_quota(root, proc_cgroup)
+    if quota is not None and cgroups.quota_cpus(quota) < mask:
+        n = cgroups.quota_cpus(quota)
+        return n, f"{n} CPU(s) are available to this process ({quota.why(f'{quota.amount:g} CPU(s)')})"
+    return mask, f"{mask} CPU(s) are available to this process"
 
 
-def _cgroup_room() -> int | None:
-    """Bytes the process's cgroup (v2) may still take: memory.max - memory.current; None without a limit."""
+MEMINFO = Path("/proc/meminfo")
+
+
+def host_memory(
+    root: Path = cgroups.ROOT, proc_cgroup: Path = cgroups.PROC_CGROUP, meminfo: Path = MEMINFO
+) -> int | None:
+    """Bytes the host's processes can allocate without swapping or an OOM kill: the kernel's MemAvailable,
+    lowered to the room its cgroups leave (app.common.cgroups: every limit from the process's cgroup up,
+    v1 and v2, reclaimable page cache counted as free); None where neither can be read."""
+    avail = None
     try:
-        rel = Path("/proc/self/cgroup").read_text().strip().splitlines()[0].split(":", 2)[2]
-        base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        limit = (base / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((base / "memory.current").read_text()))
-    except (OSError, IndexError, ValueError):
-        return None
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    room = cgroups.memory_room(root, proc_cgroup)
+    if room is not None and (avail is None or room.amount < avail):
+        return int(room.amount)
+    return avail
 
 
 def available_memory(device=None) -> int | None:
-    """Bytes that can be allocated without swapping or an OOM kill: the kernel's MemAvailable, lowered to the
-    cgroup's room when that is smaller; None where neither can be read (then nothing is refused for it). On a
-    CUDA `device` (a torch.device or "cuda:N"): the device's free memory, as the CUDA driver reports it (None
-    where it cannot be read). None or "cpu": the host's."""
+    """Bytes that can be allocated without swapping or an OOM kill: the host's (`host_memory`) for None or
+    "cpu"; on a CUDA `device` (a torch.device or "cuda:N"), the device's free memory as the CUDA driver
+    reports it. None where it cannot be read (then nothing is refused for it)."""
     if device is not None and str(device).startswith("cuda"):
         import torch
 
@@ -52,18 +74,28 @@ def available_memory(device=None) -> int | None:
             return int(torch.cuda.mem_get_info(torch.device(device))[0])
         except (RuntimeError, AssertionError, ValueError):
             return None
-    avail = None
+    return host_memory()
+
+
+HEAP_MMAP_THRESHOLD = 1 << 20
+
+
+def steady_heap() -> bool:
+    """Blocks of 1 MiB and more mapped and unmapped directly, whatever was freed before (glibc's mallopt
+    M_MMAP_THRESHOLD, which also stops it raising that threshold to the largest block freed so far). By
+    default, once a process has freed a large tensor, glibc serves later ones up to that size from its heap
+    and keeps them there when they are freed: work whose tensors change shape (texts of every length,
+    evaluation's buckets) then held ~1.6x the memory of its largest batch (bench/memory.py), which no
+    estimate made from that batch can bound. Called by the entry points that estimate their memory; a
+    MALLOC_MMAP_THRESHOLD_ in the environment is left to win. -> whether it was set (glibc only)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    room = _cgroup_room()
-    if avail is None or (room is not None and room < avail):
-        return room
-    return avail
+        import ctypes
+
+        return bool(ctypes.CDLL(None).mallopt(-3, HEAP_MMAP_THRESHOLD))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 def cap(flag: str, value: int, limits: list[tuple[int, str]], say: Callable[[str], None] | None) -> int:

@@ -30,7 +30,7 @@ from app.common.resources import Part, available_memory, cap, refuse_over
 from app.evaluation.cache import QUERY_BLOCK
 from app.evaluation.config import EvalConfig
 from app.model.config import ModelConfig
-from app.model.memory import bytes_per_token, weight_bytes
+from app.model.memory import bytes_per_token, step_bytes, weight_bytes
 
 Say = Callable[[str], None] | None
 STREAM_ROWS = 8  # sequences a stream reads at once (app.evaluation.stream.stream_nats' rows)
@@ -94,7 +94,9 @@ def engine_tokens(cfg: EvalConfig, inputs: Inputs) -> int:
 
 def stream_bytes(model_cfg: ModelConfig, rows: int, chunk: int, longest: int) -> int:
     """--stream: a piece of `rows` rows through the model, and the rows' ids (inputs and targets, int64)."""
-    return rows * (chunk * bytes_per_token(model_cfg, training=False) + 16 * longest)
+    return rows * (chunk * bytes_per_token(model_cfg, training=False) + 16 * longest) + chunk * step_bytes(
+        model_cfg
+    )
 
 
 def cache_bytes(model_cfg: ModelConfig, chunk: int, window: int, settings: int, thetas: int) -> int:
@@ -103,7 +105,7 @@ def cache_bytes(model_cfg: ModelConfig, chunk: int, window: int, settings: int, 
     totals and its record in the result."""
     q = min(QUERY_BLOCK, chunk)
     return (
-        chunk * bytes_per_token(model_cfg, training=False)
+        chunk * (bytes_per_token(model_cfg, training=False) + step_bytes(model_cfg))
         + 8 * (window + chunk) * model_cfg.hidden_dim
         + 40 * q * (window + q)
         + 8 * q * (settings + thetas)
@@ -112,8 +114,9 @@ def cache_bytes(model_cfg: ModelConfig, chunk: int, window: int, settings: int, 
 
 
 def dynamic_bytes(model_cfg: ModelConfig, segment: int) -> int:
-    """--dynamic: a segment's activations kept for its backward pass, and their gradients."""
-    return (segment + 1) * bytes_per_token(model_cfg, training=True)
+    """--dynamic: a segment's activations kept for its backward pass, and their gradients (and the Python
+    core's per-step tensors where it runs)."""
+    return (segment + 1) * (bytes_per_token(model_cfg, training=True) + step_bytes(model_cfg))
 
 
 def reader_parts(cfg: EvalConfig, model_cfg: ModelConfig, inputs: Inputs) -> list[Part]:

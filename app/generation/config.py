@@ -8,11 +8,13 @@ from typing import TextIO
 
 import torch
 
+from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.numbers import check_numbers
 from app.common.resources import cap, check_fits
+from app.generation.decoder import prefill_tokens
 from app.generation.sampling import SamplingConfig
-from app.model.memory import activation_floats_per_token
+from app.model.memory import prefill_floats_per_token, step_bytes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,16 +67,9 @@ class GenerateConfig:
             )
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r}: expected cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    return dev
+def pick_device(name: str, say=None) -> torch.device:
+    """--device: a GPU asked for and absent is one line saying what torch sees; auto says what it chose."""
+    return resolve_device(name, "--device", say)
 
 
 def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
@@ -99,16 +94,22 @@ def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
 
 
 RECORD_BYTES_PER_TOKEN = 64  # a generated token kept for the records: a Python int in a list, its text
+PROMPT_BYTES_PER_TOKEN = 48  # a prompt token: its id in the tokenizer's list (a Python int) and in the batch
+SAMPLING_COPIES = 6  # a row's logits: the step's, the float copy sampling edits, sort, softmax, cumsum, probs
 
 
-def generation_bytes(rows: int, longest: int, max_new_tokens: int, model_cfg) -> int:
+def generation_bytes(rows: int, longest: int, max_new_tokens: int, model_cfg, device=None) -> int:
     """Memory (estimated, app.model.memory) to generate `rows` rows of up to `max_new_tokens` tokens after
-    prompts of up to `longest` tokens: the prompt pass (one layer at a time) or a sampling step (the logits'
-    copies, the state), whichever is larger, and the tokens kept for the records."""
-    h, vocab = model_cfg.hidden_dim, model_cfg.vocab_size
-    prompt_pass = rows * longest * activation_floats_per_token(model_cfg, 1, training=False) * 4
-    step = rows * (6 * vocab + 3 * h * model_cfg.num_layers) * 4
-    return max(prompt_pass, step) + rows * max_new_tokens * RECORD_BYTES_PER_TOKEN
+    prompts of up to `longest` tokens: the prefill of one group of prompts (`prefill_tokens` padded tokens
+    at most: the Decoder reads them a group at a time) beside what every row holds through the steps (its
+    prompt's ids, each layer's state twice, the logits and sampling's copies of them) and the tokens kept
+    for the records."""
+    h, v, layers = model_cfg.hidden_dim, model_cfg.vocab_size, model_cfg.num_layers
+    group = min(rows * longest, prefill_tokens(model_cfg))
+    prefill = group * 4 * prefill_floats_per_token(model_cfg, layers)
+    prefill += min(longest, group) * step_bytes(model_cfg, device)
+    held = rows * (longest * PROMPT_BYTES_PER_TOKEN + 4 * (4 * h * layers + SAMPLING_COPIES * v))
+    return prefill + held + rows * max_new_tokens * RECORD_BYTES_PER_TOKEN
 
 
 def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say, device=None) -> SamplingConfig:
@@ -122,7 +123,7 @@ def bound(cfg: GenerateConfig, prompt_lengths: list[int], model_cfg, say, device
     check_fits(
         f"generating {rows:,} row(s) (prompts x --num-samples) of up to {cfg.max_new_tokens:,} new tokens after a "
         f"prompt of up to {longest:,} tokens",
-        generation_bytes(rows, longest, cfg.max_new_tokens, model_cfg),
+        generation_bytes(rows, longest, cfg.max_new_tokens, model_cfg, device),
         "lower --max-new-tokens or --num-samples, or shorten the prompts",
         device,
     )

@@ -1,7 +1,8 @@
 """Recurrent decoding that carries the state, so each new token costs one step per layer.
 
 - `prefill(ids, lengths)`: the whole (right-padded) prompt in one sequence pass per layer, returning the
-  logits after each row's last real token and the recurrent state there;
+  logits after each row's last real token and the recurrent state there (`prefill_in_groups`: the same, a
+  bounded number of tokens at a time);
 - `step(ids, state)`: one token per row: the prompt is never re-read;
 - `read(ids, state)`: every position's logits of full-width rows from `state`, and the state after them
   (a long text scored as one stream, a chunk at a time: `app.evaluation.stream`); `hidden(ids, state)`
@@ -15,9 +16,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.model.config import ModelConfig
 from app.model.lm import LanguageModel
+from app.model.memory import prefill_floats_per_token
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per recurrent layer (h, c), each (B, H)
+PREFILL_BYTES = (
+    256 << 20
+)  # a prefill group's activations (app.model.memory's estimate): prompts read together
+
+
+def prefill_tokens(cfg: ModelConfig) -> int:
+    """Padded tokens a prefill group reads at once: PREFILL_BYTES of activations (12,000 tokens of a model of
+    hidden_dim 256, 780 of one of 4096), enough rows for the sequence loop to run wide."""
+    return max(1, PREFILL_BYTES // (4 * prefill_floats_per_token(cfg, cfg.num_layers)))
 
 
 class Decoder:
@@ -59,6 +71,35 @@ class Decoder:
         rows = torch.arange(ids.shape[0], device=self.device)
         x, new = self._layers(ids, lengths, state)  # (B, T, H)
         return self.model.head(x[rows, lengths - 1]), new  # head only where it is needed: (B, V)
+
+    @torch.no_grad()
+    def prefill_in_groups(
+        self, ids: torch.Tensor, lengths: torch.Tensor, tokens: int
+    ) -> tuple[torch.Tensor, State]:
+        """`prefill(ids, lengths)` from a zero state, at most `tokens` padded tokens at a time: consecutive
+        rows in groups (each padded to its own longest prompt), and a prompt longer than `tokens` alone, in
+        pieces of that many with its state carried. The same logits and state as one prefill (rows are
+        independent and the recurrence causal), in the memory of `tokens` tokens however many prompts."""
+        lengths = lengths.cpu()
+        logits, states, start = [], [], 0
+        while start < ids.shape[0]:
+            end, longest = start + 1, int(lengths[start])
+            while end < ids.shape[0] and (end + 1 - start) * max(longest, int(lengths[end])) <= tokens:
+                longest, end = max(longest, int(lengths[end])), end + 1
+            state, step = (
+                None,
+                min(longest, tokens),
+            )  # a group fits whole; a long prompt alone, piece by piece
+            for a in range(0, longest, step):
+                piece = lengths[start:end].clamp(max=a + step) - a
+                logit, state = self.prefill(ids[start:end, a : a + step], piece, state)
+            logits.append(logit)
+            states.append(state)
+            start = end
+        joined = [
+            tuple(torch.cat([st[i][k] for st in states]) for k in range(2)) for i in range(len(self._w))
+        ]
+        return torch.cat(logits), joined
 
     @torch.no_grad()
     def hidden(self, ids: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:

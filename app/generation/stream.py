@@ -8,6 +8,7 @@ from typing import TextIO
 
 import torch
 
+from app.generation.decoder import prefill_tokens
 from app.generation.sampling import SamplingConfig, sample_next
 
 
@@ -79,7 +80,8 @@ def generate(
         out.flush()
 
     t0 = time.perf_counter()
-    logits, state = decoder.prefill(ids, lengths)  # (B, V) after each row's last prompt token
+    # (B, V) after each row's last prompt token; prompts read a group at a time (the memory of one group)
+    logits, state = decoder.prefill_in_groups(ids, lengths, prefill_tokens(decoder.cfg))
     t_prompt = time.perf_counter() - t0
     banned = sorted({tokenizer.pad_id, tokenizer.bos_id})
     new: list[list[int]] = [[] for _ in range(B)]

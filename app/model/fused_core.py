@@ -77,7 +77,7 @@ _CSRC = Path(__file__).with_name("csrc")
 # machine pays this build)
 _SOURCES = sorted(_CSRC.glob("*.cpp"))
 # The name carries the torch version: a cached build against another torch's ABI is never reused.
-EXTENSION = "mlstm_cpu_v5_torch" + "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
+EXTENSION = "mlstm_cpu_v6_torch" + "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ops": the loaded op namespace, or "error": why it did not build
 

@@ -26,6 +26,7 @@ import torch
 from app.common.errors import peer_reported, write_traceback
 from app.common.lifetime import die_with_parent
 from app.common.logs import get_logger, library_prints
+from app.common.resources import usable_cpus
 from app.common.toolchain import prebuild_deepspeed_op, use_environment_scripts
 
 # Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
@@ -311,12 +312,15 @@ def exit_on_lost_peer(fn: Callable[..., int]) -> Callable[..., int]:
 
 
 def set_threads() -> int:
-    """Split the cores between the processes of this node unless OMP_NUM_THREADS says otherwise."""
+    """Split the cores between the processes of this node unless OMP_NUM_THREADS says otherwise, and never use
+    more threads than the CPUs this process may run on (app.common.resources.usable_cpus: its affinity mask
+    and cgroup CPU quota; whether a mask is this process's own or shared by the node's ranks cannot be told,
+    so it caps rather than divides)."""
     if "OMP_NUM_THREADS" in os.environ:
         n = int(os.environ["OMP_NUM_THREADS"])
     else:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")))
-        n = max(1, (os.cpu_count() or 1) // max(1, local))
+        n = max(1, min((os.cpu_count() or 1) // max(1, local), usable_cpus()))
     torch.set_num_threads(n)
     return n
 

@@ -102,6 +102,37 @@ def batch_feature_sets(
     return {k: torch.cat([per_layer[i][k] for i in layers], dim=1) for k in FEATURES}
 
 
+@torch.no_grad()
+def chunked_feature_sets(model: LanguageModel, ids: torch.Tensor, layers: list[int], chunk: int) -> dict:
+    """ids (1, T) of one text longer than `chunk` -> `batch_feature_sets`' {kind: (1, H * len(layers))},
+    read `chunk` tokens at a time with every layer's state carried from one piece to the next: the memory of
+    a piece, not of the whole text (a text of millions of tokens featurizes in the memory of --batch-tokens),
+    the same features (the recurrence is the same; only the order of the mean's and max's sums differs)."""
+    top = max(layers) + 1
+    states: list = [None] * top
+    sums: dict[int, torch.Tensor] = {}
+    maxes: dict[int, torch.Tensor] = {}
+    for a in range(0, ids.shape[1], chunk):
+        x = model.embedding(ids[:, a : a + chunk])  # (1, C, E)
+        n = torch.tensor([x.shape[1]], device=ids.device)
+        for i, layer_mod in enumerate(model.recurrent[:top]):
+            x, states[i] = layer_mod.prefill(x, n, state=states[i])  # (1, C, H), the state after the piece
+            if i in layers:
+                s, m = x.sum(1), x.amax(1)  # (1, H)
+                sums[i] = s if i not in sums else sums[i] + s
+                maxes[i] = m if i not in maxes else torch.maximum(maxes[i], m)
+    per_layer = {
+        i: {
+            "final_cell": states[i][1],
+            "final_hidden": states[i][0],
+            "mean_hidden": sums[i] / ids.shape[1],
+            "max_hidden": maxes[i],
+        }
+        for i in layers
+    }
+    return {k: torch.cat([per_layer[i][k].to(sums[i].dtype) for i in layers], dim=1) for k in FEATURES}
+
+
 def batch_features(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, kind: str, layer: int):
     """ids (B, T) right-padded, lengths (B,) -> (B, H) features `kind` of recurrent layer `layer`."""
     return batch_feature_sets(model, ids, lengths, [layer])[kind]
@@ -116,7 +147,8 @@ def featurize_sets(
     name: str = "texts",
 ) -> FeatureSets:
     """Every kind of feature of every text, read once in length-sorted batches under `batch_tokens` (a
-    progress bar on a terminal, counting the texts of `name`)."""
+    progress bar on a terminal, counting the texts of `name`); a text longer than `batch_tokens` is read in
+    pieces of that many tokens with the state carried (`chunked_feature_sets`)."""
     dev = model.embedding.weight.device
     lengths = np.asarray([len(s) for s in ids], dtype=np.int64)
     width = model.cfg.hidden_dim * len(layers)
@@ -129,7 +161,11 @@ def featurize_sets(
             for r, i in enumerate(rows):
                 batch[r, : lengths[i]] = ids[i]
             lens = torch.from_numpy(lengths[rows]).to(dev)
-            for k, f in batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers).items():
+            if batch.shape[1] > batch_tokens:  # one text alone: its pieces, the state carried
+                got = chunked_feature_sets(model, torch.from_numpy(batch).to(dev), layers, batch_tokens)
+            else:
+                got = batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers)
+            for k, f in got.items():
                 out[k][rows] = f.float().cpu().numpy()
             bar.update(len(rows))
     return FeatureSets(out, int(lengths.sum()), time.perf_counter() - t0, False)

@@ -1,7 +1,8 @@
 """Labelled texts from CSV / JSONL / Parquet (through `datasets`), checked row by row.
 
 Every problem is one line naming the flag, the file and the row (1-based data row; for CSV the header is
-line 1, so row r is line r + 1).
+line 1, so row r is line r + 1). A CSV or JSON file that is not UTF-8 (a Latin-1 export) is refused naming the
+first bad byte's line, found by data prep's scan (`data_prep.csv_rows.scan`), before `datasets` reads it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.common.errors import UserError
+from data_prep import csv_rows, readers
 
 FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 DEFAULT_TEXT_FIELD = "text"
@@ -34,12 +36,38 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: unknown format {p.suffix!r}; use one of {', '.join(FORMATS)}")
     if not p.is_file():
         raise UserError(f"--{flag} {p}: no such file")
+    if fmt in ("csv", "json"):
+        _check_utf8(flag, p)
     datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(fmt, data_files=str(p), split="train")
     except Exception as e:  # datasets wraps every parser error differently; the user needs the first line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
+
+
+def _check_utf8(flag: str, p: Path) -> None:
+    """Refuse (one line) a text file with a byte that is not UTF-8, naming its line, offset and value."""
+    utf8 = readers.Utf8State()
+    try:
+        csv_rows.scan(p, utf8)
+    except OSError as e:
+        raise UserError(f"--{flag} {p}: cannot read it ({e.strerror or e})") from None
+    if utf8.first_bad is None:
+        return
+    line, offset = utf8.first_bad
+    with p.open("rb") as f:
+        f.seek(offset)
+        byte = f.read(1)
+    raise UserError(
+        f"--{flag} {p}: line {line}: byte {offset} (0x{byte.hex()}) is not UTF-8 (a file saved as Latin-1 or "
+        f"Windows-1252?): save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {p} > utf8{p.suffix}"
+    )
+
+
+def _missing(y) -> bool:
+    """An empty label cell: None, or NaN (pandas reads an integer column with an empty cell as floats)."""
+    return y is None or (isinstance(y, float) and y != y) or (isinstance(y, str) and not y.strip())
 
 
 def _text_column(ds, text_field: str, label_field: str, say: Callable[[str], None] | None) -> str:
@@ -74,6 +102,9 @@ def read_labelled(
     if len(ds) == 0:
         raise UserError(f"--{flag} {p}: no rows")
     texts, labels = ds[text_field], ds[label_field]
+    empty = next((i for i, y in enumerate(labels, start=1) if _missing(y)), None)
+    if empty is not None:  # before the types: its NaN makes every integer of the column a float
+        raise UserError(f"--{flag} {p}: row {empty}: the label ({label_field!r}) is empty")
     for i, (t, y) in enumerate(zip(texts, labels), start=1):
         if not isinstance(t, str):
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is {type(t).__name__}, not text")

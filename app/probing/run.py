@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
+from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.common.logs import heartbeat
@@ -39,12 +39,14 @@ def default_out(src: Source) -> Path:
 
 
 def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
-    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be."""
+    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be,
+    and always on the fitting side: a class of n rows gives the validation split at most n - 1 (a 2-row class
+    at --val-fraction 0.75 keeps one; a 1-row class stays whole)."""
     rng = np.random.default_rng(seed)
     val = []
     for k in np.unique(y):
         rows = rng.permutation(np.flatnonzero(y == k))
-        val.extend(rows[: round(fraction * len(rows))].tolist() if len(rows) > 1 else [])
+        val.extend(rows[: min(round(fraction * len(rows)), len(rows) - 1)].tolist())
     val_idx = np.asarray(sorted(val), dtype=np.int64)
     tr_idx = np.setdiff1d(np.arange(len(y)), val_idx)
     if len(val_idx) == 0:
@@ -78,8 +80,9 @@ class Transfer:
         except ValueError as e:
             raise UserError(str(e)) from None
         self.kinds = FEATURES if cfg.features == "auto" else (cfg.features,)
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA device is available")
+        self.device = resolve_device(
+            cfg.device, "--device", _progress
+        )  # a GPU asked for and absent: one line
         width = self.src.model_cfg.hidden_dim * len(self.layers)
         cap_counts(cfg, width, {"train": len(self.train.texts), "test": len(self.test.texts)}, _progress)
 
@@ -110,7 +113,8 @@ class Transfer:
         out = {}
         for name, data in sets.items():
             ids = token_ids(self.tokenizer, data.texts, preprocess)
-            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False, model=model)
+            top = max(self.layers) + 1  # featurizing runs the layers up to the highest asked for
+            check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, top, training=False, model=model)
             out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
 
@@ -217,7 +221,7 @@ class Transfer:
 
     def run(self) -> dict:
         c = self.cfg
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
+        device = self.device.type
         model = self.src.load_model(device)
         feats = self.featurize_all(model)
         kind, probe, best_val = self._probe(feats)

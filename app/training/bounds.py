@@ -14,8 +14,8 @@ Capped (each in one line naming the flag, or the DeepSpeed key that set the valu
 None of these changes a batch the run computes, its loss or its gradient (with --carry-state the number of
 streams follows the micro-batch and the accumulation, so there it lays the long documents out anew).
 
-Refused: weights, gradients and Adam's moments plus the activations of the largest micro-batch
-(app.model.memory's estimates) that need more than the device has free: on CPU the host's available memory,
+Refused: weights, gradients and Adam's moments plus the activations of the largest micro-batch (each in
+flight on the first pipeline stage), app.model.memory's estimates, that need more than the device has free: on CPU the host's available memory,
 shared by the node's processes; on CUDA each process's device (with ZeRO offload to the CPU, the device and
 the host together; to NVMe, no check). And rank 0's samples (the whole model gathered on its CPU, then
 --samples x prompts rows of --sample-tokens) against the host's memory.
@@ -146,12 +146,14 @@ def largest_micro_batch(
 
 
 def process_bytes(model_cfg: ModelConfig, layout: Layout, tokens: int) -> int:
-    """Bytes (estimated, app.model.memory) one training process needs, at the least: its share of the
-    training state (ZeRO-3 spreads it evenly over the world; other layouts hold more), and its stage's
-    share of the activations of a micro-batch of `tokens` padded tokens through the whole model."""
+    """Bytes (estimated, app.model.memory) one training process needs: its share of the training state
+    (ZeRO-3 spreads it evenly over the world; other layouts hold more), and its stage's share of the
+    activations of a micro-batch of `tokens` padded tokens through the whole model, for each micro-batch
+    the pipeline keeps in flight (1F1B: the first stage holds up to P of them, or the accumulation's)."""
     element = 2 if layout.precision in ("bf16", "fp16") else 4
     state = training_state_bytes(model_cfg) // layout.world_size
-    return state + tokens * bytes_per_token(model_cfg, True, element) // layout.stages
+    in_flight = min(layout.stages, max(1, layout.grad_accum))
+    return state + in_flight * tokens * bytes_per_token(model_cfg, True, element) // layout.stages
 
 
 def _offload(ds_json: dict) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from app.batching.run_data import RunData
 from app.checkpoints.dir_kind import check_data_dir
-from app.checkpoints.warm_start import init_model_fields
+from app.checkpoints.warm_start import init_model_fields, resumed_model_fields
 from app.common.errors import UserError
 from app.common.redact import redact_secrets
 from app.model.config import ModelConfig
@@ -87,12 +87,16 @@ def open_inputs(
     cfg: TrainConfig, model_overrides: dict, info=lambda msg: None
 ) -> tuple[RunData, ModelConfig]:
     """--data opened and the model config built (cheap: a bad path fails before any process starts). With
-    --init-from and no --model-config, the model it names gives the sizes (`model.x=...` still applies)."""
+    --init-from and no --model-config, the model it names gives the sizes (`model.x=...` still applies), or,
+    when --out holds a checkpoint to resume, that checkpoint (the --init-from source may be gone by then)."""
     check_data_dir(cfg.data)
     data = RunData(cfg.data)
     spec: str | dict | None = cfg.model_config
     if spec is None and cfg.init_from:
-        spec, line = init_model_fields(cfg.init_from)
+        tok = data.prepared.tokenizer_path
+        spec, line = resumed_model_fields(cfg.out, cfg.resume) or init_model_fields(
+            cfg.init_from, data.tokenizer, tok
+        )
         info(line)
     return data, load_model_config(spec, data.tokenizer["vocab_size"], model_overrides)
 

@@ -22,7 +22,7 @@ from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
 from app.checkpoints import universal
 from app.checkpoints.safety import verify_tag_files, weights_only_loads
-from app.checkpoints.warm_start import load_into
+from app.checkpoints.warm_start import load_into, open_init_source
 from app.model.config import ModelConfig, flops_per_token
 from app.model.layers import RecurrentLayer
 from app.parallel.engine import Engine
@@ -109,8 +109,17 @@ def build_engine(
     )
 
 
-def warm_start(init_source, info: Info) -> Callable[[torch.nn.Module], None] | None:
-    """--init-from on a fresh run: the weights every rank loads into its part before DeepSpeed starts."""
+def init_source_of(path: str, model_cfg: ModelConfig, data: RunData):
+    """--init-from PATH opened and checked against this run's model and --data's tokenizer (one line if it
+    does not fit)."""
+    return open_init_source(path, model_cfg, data.tokenizer, data.prepared.tokenizer_path)
+
+
+def warm_start(init_source, plan: RunPlan, info: Info) -> Callable[[torch.nn.Module], None] | None:
+    """--init-from on a fresh run: the weights every rank loads into its part before DeepSpeed starts (opened
+    here when the Trainer skipped it for a resume and no intact checkpoint was found after all)."""
+    if init_source is None and plan.cfg.init_from:
+        init_source = init_source_of(plan.cfg.init_from, plan.model_cfg, plan.data)
     if init_source is None:
         return None
     info(f"weights from {init_source.describe()}; fresh optimizer, schedule and step count")

@@ -24,7 +24,7 @@ from app.checkpoints import resume as resume_check
 from app.checkpoints import training as ckpt
 from app.checkpoints import universal
 from app.checkpoints.run_lock import acquire_run_lock
-from app.checkpoints.warm_start import open_init_source
+from app.checkpoints.warm_start import resumed_model_fields
 from app.common import faults
 from app.common.errors import set_log_dir
 from app.common.files import atomic_write
@@ -65,9 +65,8 @@ class Trainer:
         # before any process group: bad data or a bad model config fails in a second
         self.data, self.model_cfg = open_inputs(cfg, model_overrides, self._info_rank0)
         self.init_source = None  # --init-from, checked before any process group: one line if it does not fit
-        if cfg.init_from:
-            tok = self.data.prepared.tokenizer_path
-            self.init_source = open_init_source(cfg.init_from, self.model_cfg, self.data.tokenizer, tok)
+        if cfg.init_from and resumed_model_fields(cfg.out, cfg.resume) is None:  # a resume never reads it
+            self.init_source = startup.init_source_of(cfg.init_from, self.model_cfg, self.data)
         self.samples = RunSamples(cfg, self.model_cfg, self.data, self.log)  # reads --sample-prompts
         warn = self.log.warning if int(os.environ.get("RANK", "0")) == 0 else None  # the caps' lines
         cfg = bounds.cap_timeout(cfg, warn)
@@ -116,7 +115,9 @@ class Trainer:
             resume_check.rank0_decides(lambda: str(universal.convert(self.root, tag)), self.rank)
         # the same split as the checkpoint, so each stage's optimizer state fits its layers
         recorded_costs = saved["config"].get("layer_costs") if saved is not None else None
-        warm = startup.warm_start(self.init_source, self._info) if saved is None else None  # --init-from
+        warm = (
+            startup.warm_start(self.init_source, self.plan, self._info) if saved is None else None
+        )  # --init-from
         self.engine = startup.build_engine(
             self.plan, recorded_costs=recorded_costs, load_universal=self._universal, init_weights=warm
         )

@@ -99,12 +99,17 @@ const Fns<C, S>& fns() {
 // torch's CPU allocator hands every large tensor fresh pages from the OS (glibc returns freed ones), so
 // each step page-faulted its (T, B, .) buffers anew: ~25 MB and 5-14 ms of system time per step of the
 // small model. The op's tensors come from this pool instead: a freed buffer is kept (by byte size) for
-// the next step's tensor of the same size. Free buffers are capped at the most bytes ever live at once,
-// so the pool holds at most what one step needs; large blocks ask for transparent huge pages (fewer
-// faults and TLB misses where the kernel allows them).
+// the next step's tensor of the same size. The pool never holds more than the most bytes ever live at
+// once, live and free together: a request it cannot serve first returns free buffers (the largest first)
+// until the new one fits under that peak, so work of changing shapes (featurizing texts of every length,
+// evaluation's buckets) holds one step's memory, not one step's plus the free buffers of the steps before
+// (up to twice as much). Large blocks are mapped and unmapped directly (2 MiB-aligned, asking for
+// transparent huge pages), not through malloc, whose free() of a mapped block would raise glibc's mmap
+// threshold and keep torch's own later tensors on its heap after they are freed.
 class Pool {
  public:
   void* get(size_t bytes) {
+    std::vector<std::pair<void*, size_t>> drop;
     {
       std::lock_guard<std::mutex> g(mu_);
       live_ += bytes;
@@ -116,33 +121,51 @@ class Pool {
         cached_ -= bytes;
         return p;
       }
-    }
-    const size_t align = bytes >= (size_t(2) << 20) ? size_t(2) << 20 : 64;
-    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
-    TORCH_CHECK(p, "mlstm_cpu: out of memory allocating ", bytes, " bytes");
-#ifdef MADV_HUGEPAGE
-    if (align > 64) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
-#endif
-    return p;
-  }
-  void put(void* p, size_t bytes) {
-    std::vector<void*> drop;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      live_ -= bytes;
-      free_.emplace(bytes, p);
-      cached_ += bytes;
-      while (cached_ > peak_ && !free_.empty()) {  // drop the largest first
-        auto it = std::prev(free_.end());
-        cached_ -= it->first;
-        drop.push_back(it->second);
-        free_.erase(it);
+      while (live_ + cached_ > peak_ && !free_.empty()) {  // make room under the peak: the largest first
+        auto last = std::prev(free_.end());
+        cached_ -= last->first;
+        drop.emplace_back(last->second, last->first);
+        free_.erase(last);
       }
     }
-    for (void* q : drop) std::free(q);
+    for (auto& [q, n] : drop) release(q, n);
+    return acquire(bytes);
+  }
+  void put(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> g(mu_);
+    live_ -= bytes;
+    free_.emplace(bytes, p);
+    cached_ += bytes;  // live + cached unchanged: still within the peak
   }
 
  private:
+  static constexpr size_t kHuge = size_t(2) << 20;
+  static size_t mapped(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+  static void* acquire(size_t bytes) {
+    if (bytes < kHuge) {
+      void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+      TORCH_CHECK(p, "mlstm_cpu: out of memory allocating ", bytes, " bytes");
+      return p;
+    }
+    const size_t n = mapped(bytes);  // mapped with a huge page's slack, then trimmed to a 2 MiB boundary
+    void* raw = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(raw != MAP_FAILED, "mlstm_cpu: out of memory allocating ", bytes, " bytes");
+    const uintptr_t a = reinterpret_cast<uintptr_t>(raw), start = (a + kHuge - 1) / kHuge * kHuge;
+    if (start > a) munmap(raw, start - a);
+    if (a + n + kHuge > start + n) munmap(reinterpret_cast<void*>(start + n), a + n + kHuge - start - n);
+#ifdef MADV_HUGEPAGE
+    madvise(reinterpret_cast<void*>(start), n, MADV_HUGEPAGE);
+#endif
+    return reinterpret_cast<void*>(start);
+  }
+  static void release(void* p, size_t bytes) {
+    if (bytes < kHuge) {
+      std::free(p);
+    } else {
+      munmap(p, mapped(bytes));
+    }
+  }
+
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
   size_t live_ = 0, peak_ = 0, cached_ = 0;
