@@ -21,6 +21,7 @@ class Labelled:
     texts: list[str]
     labels: list  # as given: str or int
     sha256: str  # of the file's bytes (the feature cache key)
+    multi_label: bool = False  # labels: a tuple of label names per row (app/probing/multilabel.py)
 
 
 def _load(flag: str, p: Path):
@@ -39,25 +40,51 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
 
 
-def read_labelled(flag: str, path: str, text_field: str, label_field: str) -> Labelled:
+def read_labelled(
+    flag: str, path: str, text_field: str, label_field: str | list[str], multi: bool | None = None
+) -> Labelled:
+    """The rows of `path`; several label fields, or one whose values are lists, make a multi-label set
+    (`multi` None: found out from the file; True/False: as --train was read)."""
+    fields = [label_field] if isinstance(label_field, str) else list(label_field)
     p = Path(path)
     ds = _load(flag, p)
-    for field, what in ((text_field, "--text-field"), (label_field, "--label-field")):
+    for field, what in ((text_field, "--text-field"), *((f, "--label-field") for f in fields)):
         if field not in ds.column_names:
             raise UserError(
                 f"--{flag} {p}: no column {field!r} ({what}); columns: {', '.join(ds.column_names) or 'none'}"
             )
     if len(ds) == 0:
         raise UserError(f"--{flag} {p}: no rows")
-    texts, labels = ds[text_field], ds[label_field]
-    for i, (t, y) in enumerate(zip(texts, labels), start=1):
+    texts = ds[text_field]
+    for i, t in enumerate(texts, start=1):
         if not isinstance(t, str):
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is {type(t).__name__}, not text")
         if not t.strip():
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is empty")
+    columns = [ds[f] for f in fields]
+    if multi is None:
+        multi = len(fields) > 1 or any(isinstance(v, list) for v in columns[0])
+    labels = _multi_labels(columns, fields, f"--{flag} {p}") if multi else _single_labels(columns[0], flag, p)
+    return Labelled(p, list(texts), labels, hashlib.sha256(p.read_bytes()).hexdigest(), multi)
+
+
+def _single_labels(labels: list, flag: str, p: Path) -> list:
+    for i, y in enumerate(labels, start=1):
         if y is None or isinstance(y, float | list | dict) or (isinstance(y, str) and not y.strip()):
             raise UserError(f"--{flag} {p}: row {i}: label {y!r} is not a string or an integer")
-    return Labelled(p, list(texts), list(labels), hashlib.sha256(p.read_bytes()).hexdigest())
+    return list(labels)
+
+
+def _multi_labels(columns: list[list], fields: list[str], where: str) -> list[tuple[str, ...]]:
+    """Each row's labels (a tuple of names): the indicator columns that are on, or the list column's."""
+    from app.probing.multilabel import indicator, list_labels
+
+    if len(fields) == 1:
+        return [list_labels(v, fields[0], i, where) for i, v in enumerate(columns[0], start=1)]
+    return [
+        tuple(f for f, v in zip(fields, row) if indicator(v, f, i, where))
+        for i, row in enumerate(zip(*columns), start=1)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
