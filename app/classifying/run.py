@@ -27,6 +27,7 @@ from app.classifying.inputs import Input, Row
 from app.classifying.parts import WorkDir
 from app.classifying.writers import Columns, Rows, join_features, join_parts, part_bytes
 from app.common.errors import UserError
+from app.common.faults import hang_after_part
 from app.common.files import fsync_dir
 from app.common.logs import get_logger, progress_bar
 from app.common.resources import available_memory, cap, fmt_bytes
@@ -226,11 +227,12 @@ class Classify:
         and a line every PROGRESS_EVERY_S in a log (rank 0)."""
         done = np.zeros(4)
         t0 = last = time.perf_counter()
-        bar = progress_bar(0, "classify", "text") if self.rank == 0 else None
+        bar = progress_bar(None, "classify", "text") if self.rank == 0 else None
         for chunk, rows in self._chunks():
             data, feats, stats = self.classify(model, rows)
             self.work.write(chunk, data, feats, stats)
             done += [stats["texts"], stats["bytes"], stats["tokens"], 1]
+            hang_after_part(int(done[3]))
             if bar is not None:
                 bar.update(stats["texts"])
                 now = time.perf_counter()

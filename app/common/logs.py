@@ -112,7 +112,7 @@ def library_prints() -> Iterator[None]:
                 log.debug(line)
 
 
-def progress_bar(total: int, desc: str, unit: str):
+def progress_bar(total: int | None, desc: str, unit: str):
     """A tqdm bar on stderr for long work, shown only on a terminal: in a log file or a pipe it would be
     hundreds of carriage-return redraws on one line (the lines the work prints are the log there)."""
     from tqdm import tqdm
