@@ -12,7 +12,9 @@ On CUDA the padded length is rounded up to a multiple of CUDA_PAD, so the Triton
 validation accuracy is measured; the epoch with the best one keeps its weights, and they score the
 train and test rows. Epochs stop early once PATIENCE of them in a row have not beaten the best one (more
 cannot be picked unless the accuracy climbs back), said in one line; every epoch has a progress bar on a
-terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in memory.
+terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in
+memory (app/probing/keep.py keeps it when the validation split picks it). Multi-label: a sigmoid head,
+binary cross-entropy per label, the thresholds chosen on validation after each epoch (app/probing/head.py).
 """
 
 from __future__ import annotations
