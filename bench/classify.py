@@ -12,7 +12,8 @@ byte tokenizer, written as an export (speed does not depend on the weights). The
    every core;
 2. `app/classify.py` on all the texts with the classifier step 1 kept, through `deepspeed --num_gpus 2`
    (DS_ACCELERATOR=cpu, one thread a process) and as one plain process: texts/s and bytes/s from its
-   closing line (reading, tokenizing, featurising, the head and the part files all counted).
+   closing line (reading, tokenizing, featurising, the head and the part files all counted), and its
+   accuracy on the test rows beside the one transfer.json reports.
 The target: classify with 2 processes at >= 0.8x transfer's featurising speed. Both run on whatever else
 the machine is doing: say what else ran when quoting the figures.
 """
@@ -103,6 +104,14 @@ def classify_speed(stdout: str) -> dict:
     }
 
 
+def test_accuracy(labels_csv: Path, texts: list[str], cut: int) -> float:
+    """The accuracy of app/classify.py's labels on the test rows (the texts after `cut`), by their row."""
+    with labels_csv.open(newline="", encoding="utf-8") as f:
+        predicted = {int(r["row"]): r["predicted"] for r in csv.DictReader(f)}
+    gold = ["question" if "?" in t else "other" for t in texts]
+    return sum(predicted[i + 1] == gold[i] for i in range(cut, len(texts))) / (len(texts) - cut)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="a run or export (default: a random `small` export)")
@@ -148,6 +157,8 @@ def main() -> None:
         "classify_2_processes": classify_speed(two.stdout),
         "classify_1_process": classify_speed(one.stdout),
         "same_output_1_and_2_processes": (work / "one.csv").read_bytes() == (work / "two.csv").read_bytes(),
+        "test_accuracy_transfer": res["chosen"]["test_accuracy"],
+        "test_accuracy_classify": test_accuracy(work / "two.csv", texts, cut),
         "load_average": os.getloadavg(),
         "cpus": os.cpu_count(),
     }
