@@ -66,7 +66,6 @@ def hf_classifier_config(model_cfg: ModelConfig, tok_meta: dict, meta: dict, out
         "classifier_outputs": outputs,
         "classifier_max_tokens": meta["max_tokens"],
         "classifier_thresholds": meta["thresholds"],
-        "use_cache": False,
     }
 
 

@@ -180,10 +180,20 @@ def fit_multilabel_probe(
 
 
 def _single(order, coef, names, tr, te, mean, scale, seed) -> dict:
-    """The top neuron alone on the label it weighs most: a one-feature logistic regression's accuracy on
-    that label (the threshold in the raw neuron's units)."""
+    """The top neuron alone on the label it weighs most (of those with both classes among the training
+    rows): a one-feature logistic regression's accuracy on that label (the threshold in the raw neuron's
+    units)."""
     n = order[0] if order else 0
-    k = int(np.abs(coef[:, n]).argmax())
+    both = [k for k in range(len(names)) if 0 < tr[1][:, k].sum() < len(tr[1])]
+    k = max(both, key=lambda j: abs(coef[j, n])) if both else int(np.abs(coef[:, n]).argmax())
+    if not both:  # no label has both classes among the training rows: nothing to fit a threshold on
+        return {
+            "label": names[k],
+            "neuron": int(n),
+            "train_accuracy": None,
+            "test_accuracy": None,
+            "threshold": None,
+        }
     single = _single_neuron(n, (tr[0], tr[1][:, k]), (te[0], te[1][:, k]), seed)
     thr = single.pop("threshold_standardised")
     single["threshold"] = [float(t * scale[n] + mean[n]) for t in thr] if thr else None

@@ -431,7 +431,8 @@ def summary(result: dict, out: Path) -> str:
             f"({result['hidden_dim']} units); featurized {speed}",
             *_probe_lines(result),
             *_finetune_lines(result),
-            f"single neuron {s['neuron']}{on}: test accuracy {s['test_accuracy']:.4f}",
+            f"single neuron {s['neuron']}{on}: test accuracy "
+            + ("n/a" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"),
             f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
             f"classifier kept: {kept} (mlstm-classify --classifier {kept})"
             if kept
