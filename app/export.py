@@ -33,6 +33,7 @@ from app.checkpoints.model_card import model_card
 from app.checkpoints.run_info import read_run_info
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
+from app.common.logs import heartbeat
 from app.common.numbers import check_numbers
 from app.model.lm import LanguageModel
 
@@ -40,7 +41,8 @@ from app.model.lm import LanguageModel
 @dataclass(kw_only=True, slots=True)
 class ExportConfig:
     checkpoint: str = ""
-    """A run directory (its latest complete checkpoint), its checkpoints/ folder, or one step_XXXXXXXX folder."""
+    """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
+    loss), its checkpoints/ folder, or one step_XXXXXXXX folder."""
     out: str = ""
     """Folder to write (created; existing export files in it are replaced)."""
     check_hf: bool = False
@@ -93,6 +95,10 @@ def export(ckpt: str | Path, out: str | Path) -> Path:
     return out
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ExportConfig, argv, __doc__)
@@ -106,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if cfg.check_hf:
-        diff = check_hf_export(out, "--check-hf")
+        with heartbeat("--check-hf: loading the export with transformers and comparing it with ours", _say):
+            diff = check_hf_export(out, "--check-hf")
         print(
             f"transformers loads it: logits within {diff:.1e} of this repository's, same token ids",
             flush=True,

@@ -1,9 +1,11 @@
-"""Overlay the metrics of one or more runs in one figure (no W&B needed: each run's metrics.jsonl).
+"""Compare one or more runs in one titled figure (no W&B needed: each run's metrics.jsonl).
 
-    python app/plot.py runs/small runs/medium --out compare.png
+    python app/plot.py runs/spm runs/bytes --out compare.png
 
-Panels: train loss and validation bits/byte against tokens seen (comparable across batch sizes),
-learning rate and throughput against steps. A run's own plots are in <run>/plots/ (written by training).
+Panels: bits per byte (train as a line, validation as points) against the MB of text seen and against the
+training time, so runs with different tokenizers or batch sizes compare on one scale; the gradient norm,
+the learning rate and tokens/s against steps; the training time against steps. A run's own plots are in
+<run>/plots/ (written by training).
 """
 
 from __future__ import annotations

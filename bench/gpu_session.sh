@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # One command for a GPU machine, from a bare one (torch, triton and nvcc there; no network):
-#   bench/gpu_session.sh OUTDIR            run it all, planned for about 9 minutes on one H100 (run 2, in an earlier
-#                                          order, took 507 s: its tests were skipped for time, its quickstart ran out)
+#   bench/gpu_session.sh OUTDIR            run it all, planned for about 9 minutes on one H100 or H200 (run 2 took
+#                                          507 s; run 3 drops the optimizer step, measured in run 2, for the field size)
 #   bench/gpu_session.sh OUTDIR --dry-run  print the plan (commands, time limits), check the wheels, run nothing
 # Steps, each with its own time limit, in this order (a step that would start past SESSION_BUDGET_S is skipped
 # and said so; later steps never wait on an earlier one's failure):
 #   install   the wheels in $WHEELS (default .whl/: deepspeed, datasets, pydantic, ... see bench/README.md, GPU)
 #             into the current python, and the project itself (editable, no dependencies)
-#   (background, niced) data prep for the train benchmark and the quickstart; DeepSpeed's FusedAdam build
-#   layer     bench/mlstm_layer.py --device cuda: the Triton core's loops, the reference core, cuDNN's LSTM
-#   tests     the gpu tests, and a 2-rank CPU test beside them (the suite's launches must not take the GPU)
-#   train     bench/train_gpu.py: large_b128, small, medium, large_b256 through the real entry point
-#   quickstart launch/quickstart.sh on the GPU with a 1-minute budget (train, evaluate, export, generate), then
-#             rerun with a longer budget: it resumes, and evaluates, exports and generates again
-#   optimizer bench/gpu_optimizer.py: torch's fused AdamW against DeepSpeed's FusedAdam
+#   (background, niced) data prep for the train benchmark and the quickstart; bench/kernel_report.py --save on
+#             the machine's spare cores (every kernel configuration built for sm_90/89/80: registers, spills,
+#             wgmma; it writes bench/results/kernel_report.json, copied to OUTDIR as it stands at the end)
+#   layer     bench/mlstm_layer.py --device cuda: the Triton core's loops, the reference core, cuDNN's LSTM, at
+#             B16 H256, B64 H1024 and the field's B128 H4096, each beside its roofline (bench/roofline.py)
+#   tests     the gpu tests (a barrier that really times out, the fallback from one), the float64 check's own
+#             tests, and a 2-rank CPU test beside them (the suite's launches must not take the GPU)
+#   train     bench/train_gpu.py: large_b128, large_b256, small, then small again with its choices cached (the
+#             first step's time), through the real entry point; one large_b128 step split into its phases
+#   memory    bench/memory.py --device cuda (where it exists): each memory estimate against what the GPU takes
+#   quickstart launch/quickstart.sh on the GPU with a 1-minute budget (train, evaluate, export, generate)
 # OUTDIR gets at most 8 files: summary.md, logs.tar.gz, and each benchmark's JSON line (*.json).
-# Environment: WHEELS, SESSION_BUDGET_S (default 560), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
+# Environment: WHEELS, SESSION_BUDGET_S (default 540), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
 # tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +28,7 @@ DRY=0
 [ "${2:-}" = --dry-run ] && DRY=1
 WHEELS="${WHEELS:-$ROOT/.whl}"
 WORK="${WORK:-/tmp/mlstm-gpu-session}"
-BUDGET="${SESSION_BUDGET_S:-560}"
+BUDGET="${SESSION_BUDGET_S:-540}"
 LOGS="$WORK/logs"
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -83,38 +87,49 @@ fi
 step install 120 60 bash -c "python -m pip install -q --no-index --no-deps --no-compile --upgrade '$WHEELS'/*.whl &&
   python -m pip install -q --no-index --no-deps --no-build-isolation -e '$ROOT'"
 
-# CPU work in the background, niced, while the GPU steps run: data for the benchmarks, the FusedAdam build
+# CPU work in the background, niced, while the GPU steps run: every kernel built for three architectures on
+# the spare cores (no GPU needed), and data for the benchmarks
 if [ "$DRY" = 0 ]; then
+  (nice -n 19 python bench/kernel_report.py --save --jobs "${REPORT_JOBS:-10}" >"$LOGS/kernel_report.log" 2>&1) &
+  KREPORT=$!
   (nice -n 19 python -m data_prep --out "$WORK/data_spm" --max-seq-len 256 --quiet >"$LOGS/prep_spm.log" 2>&1
    nice -n 19 python -m data_prep --out "$WORK/data_byte" --max-seq-len 256 --tokenizer byte --quiet >"$LOGS/prep_byte.log" 2>&1
    nice -n 19 python -m data_prep --out "$WORK/data_qs" --max-seq-len 128 >"$LOGS/prep_qs.log" 2>&1) &
   PREP=$!
-  (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=6 nice -n 19 python -c 'from app.parallel.optimizer import build_fused_adam as b; print(b() or "built")' \
-    >"$LOGS/fused_adam_build.log" 2>&1) &
 else
-  say "| (background) | data prep x3, FusedAdam build (TORCH_CUDA_ARCH_LIST=9.0) | niced | |"
+  say "| (background) | kernel report (${REPORT_JOBS:-10} compilers), data prep x3 | niced | |"
 fi
 
-step layer 170 120 python bench/mlstm_layer.py --device cuda --budget-s 20 --reps-small 5 --reps-large 3 --save
+step layer 200 120 python bench/mlstm_layer.py --device cuda --sizes small,large,field --budget-s 15 --reps-small 5 \
+  --reps-large 3 --save
 [ "$DRY" = 1 ] || last_json layer
 # the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
-step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline" \
-  tests/test_model_triton_core.py tests/test_parallel_pipeline.py
+step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline or verify" \
+  tests/test_model_triton_core.py tests/test_parallel_pipeline.py tests/test_model_gpu_verify.py
 if [ "$DRY" = 0 ]; then  # the background data prep, bounded: a step never waits without end
   for _ in $(seq 240); do kill -0 "$PREP" 2>/dev/null || break; sleep 1; done
   kill "$PREP" 2>/dev/null && say "| (background) | data prep still running after 240 s: stopped |"
 fi
-step train 240 150 python bench/train_gpu.py --runs large_b128,small,medium,large_b256 --steps 20 --skip 6 \
-  --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" --timeout-s 100 --save
+step train 260 150 python bench/train_gpu.py --runs large_b128,large_b256,small,small_warm --steps 20 --skip 6 \
+  --phase-split large_b128 --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" \
+  --timeout-s 90 --save
 [ "$DRY" = 1 ] || last_json train
+if [ -f bench/memory.py ]; then
+  step memory 60 40 python bench/memory.py --device cuda
+  [ "$DRY" = 1 ] || last_json memory
+fi
 # 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
-step quickstart 240 180 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
-step resume 110 60 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1.2 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
-step optimizer 60 15 env TORCH_CUDA_ARCH_LIST=9.0 python bench/gpu_optimizer.py
-[ "$DRY" = 1 ] || last_json optimizer
+step quickstart 200 180 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
 
 if [ "$DRY" = 0 ]; then
-  jobs -p | xargs -r kill 2>/dev/null  # the FusedAdam build, if still going
+  # the kernel report, given what is left of the budget to finish; it saves as it goes, so a stop keeps its builds
+  while kill -0 "$KREPORT" 2>/dev/null && [ "$(elapsed)" -lt "$BUDGET" ]; do sleep 2; done
+  if kill -0 "$KREPORT" 2>/dev/null; then
+    pkill -f "bench/kernel_report.py"
+    say "| (background) | kernel report stopped at the budget: $(grep built "$LOGS/kernel_report.log" | tail -n 1) |"
+  fi
+  cp bench/results/kernel_report.json "$OUT/kernel_report.json" 2>/dev/null
+  jobs -p | xargs -r kill 2>/dev/null  # background work still going
   grep -h -E "mLSTM core on|optimizer:|resumed|test split|first step|samples @" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
     | cut -c1-400 | sort -u >"$LOGS/highlights.txt"
   cp -r "$WORK/results" "$LOGS/results" 2>/dev/null

@@ -14,6 +14,10 @@ peak (app/training/peak_flops.py), and the run log's lines naming the core (with
 chose and their times), the optimizer and the peak. `first_step_s`: launch to the first step's record
 (start-up, compilation and tuning included); `slowest_step_vs_median`: the slowest step after the first over
 the median (what a bucket length first met mid-run costs).
+`chosen`: the loops the tuner chose for each shape the run met (its log's "mLSTM core on ..." lines).
+`--phase-split RUN`: one training step of RUN's model and micro-batch split into its phases in this process
+(embedding and recurrent layers, head and loss, backward, AdamW), timed with CUDA events, bf16 autocast as the
+bf16 configs train: where a step's time goes (`phase_split`).
 `--save` appends the JSON line to bench/results/train_gpu-<device>-<date>.json (with the git commit).
 A run that fails is reported with the last lines of its log, never a crash of the benchmark.
 """
@@ -35,6 +39,11 @@ from results import save  # bench/results.py (this script's folder is on sys.pat
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {  # name: (preset, tokenizer, micro-batch)
     "small": ("small", "spm", 64),
+    "small_warm": (
+        "small",
+        "spm",
+        64,
+    ),  # run after `small`: its loop choices and kernels cached (first_step_s)
     "medium": ("medium", "spm", 64),
     "large_b128": ("large", "byte", 128),
     "large_b256": ("large", "byte", 256),
@@ -98,13 +107,60 @@ def train(name: str, data: Path, out: Path, steps: int, skip: int, timeout_s: fl
         if any(k in ln for k in ("mLSTM core", "optimizer:", "MFU against"))
     ]
     med = statistics.median(tps) if tps else None
+    chosen = sorted({ln.split("mLSTM core on ", 1)[1].split(" (ms at", 1)[0] for ln in log.splitlines()
+                     if "mLSTM core on cuda" in ln and " B" in ln})  # fmt: skip
     return {
+        "chosen": chosen,
         "status": "ok", "preset": preset, "micro_batch": batch, "steps_timed": len(tps),
         "tokens_per_s": med, "mfu": statistics.median(mfu) if mfu else None,
         # a new bucket length, first met mid-run, costs what: the slowest step after the first against the median
         "slowest_step_vs_median": min(tps_all[1:]) / med if med and len(tps_all) > 1 else None,
         "first_step_s": first, "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
     }  # fmt: skip
+
+
+def phase_split(name: str, seq_len: int, reps: int = 5) -> dict:
+    """One training step of RUN's model at its micro-batch, phase by phase (CUDA events, no sync between them):
+    forward through the recurrent layers, head and loss, backward, the optimizer; median ms over `reps` steps."""
+    import torch
+
+    from app.model.config import PRESETS, ModelConfig
+    from app.model.lm import LanguageModel
+    from app.model.loss import token_loss
+
+    preset, tok, batch = RUNS[name]
+    vocab = 259 if tok == "byte" else 4096
+    model = LanguageModel(ModelConfig(vocab_size=vocab, **PRESETS[preset])).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq_len), device="cuda", generator=g)
+    labels = (torch.randint(0, vocab, (batch, seq_len), device="cuda", generator=g),
+              torch.ones(1, device="cuda") / (batch * seq_len))  # fmt: skip
+    names = ("layers", "head_loss", "backward", "optimizer")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(3 + reps):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+        ev[0].record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = model.embedding(ids)
+            for layer in model.recurrent:
+                h = layer(h)
+            ev[1].record()
+            loss = token_loss(model.head(h), labels)
+        ev[2].record()
+        loss.backward()
+        ev[3].record()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ev[4].record()
+        ev[4].synchronize()
+        if step >= 3:
+            for i, n in enumerate(names):
+                times[n].append(ev[i].elapsed_time(ev[i + 1]))
+    ms = {n: round(statistics.median(v), 3) for n, v in times.items()}
+    total = sum(ms.values())
+    return {"run": name, "micro_batch": batch, "seq_len": seq_len, "ms": ms,
+            "share": {n: round(v / total, 3) for n, v in ms.items()}, "step_ms": round(total, 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -117,6 +173,7 @@ def main() -> None:
     ap.add_argument("--data-byte", type=Path, help="prepared byte-level data to reuse (else prepared here)")
     ap.add_argument("--timeout-s", type=float, default=300, help="a run still going after this is stopped")
     ap.add_argument("--keep", type=Path, help="run here (logs, metrics) instead of a temporary folder")
+    ap.add_argument("--phase-split", default="", metavar="RUN", help="time one step of RUN phase by phase")
     ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     args = ap.parse_args()
@@ -146,6 +203,12 @@ def main() -> None:
             print(name, json.dumps(r)[:400], flush=True)
             if RUNS[name][1] == "byte" and r.get("tokens_per_s"):
                 r["bytes_per_s"] = r["tokens_per_s"]  # one token per byte
+    if args.phase_split:
+        try:
+            result["phase_split"] = phase_split(args.phase_split, args.seq_len)
+        except Exception as e:  # a failed split is reported, never a crash of the benchmark
+            result["phase_split"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        print("phase split", result["phase_split"], flush=True)
     print(json.dumps(result))
     if args.save:
         print("saved to", save(result, "train_gpu", device))

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
+from app.common.logs import Progress, heartbeat
 from app.common.resources import available_memory, cap, fmt_bytes, usable_cpus
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
 from data_prep.config import PrepConfig, default_num_proc
@@ -91,8 +92,31 @@ def _run_key(cfg: PrepConfig, srcs: sources.Sources, inputs: list[dict]) -> dict
     }  # fmt: skip
 
 
+def _say(line: str) -> None:
+    log.info("%s", line)
+
+
+class _Cuts:
+    """Documents longer than readers.PART_CHARS that came as several parts (each a document from then on:
+    split, tokenized and counted alone), so the summary can say why a file became N documents."""
+
+    def __init__(self) -> None:
+        self.documents = self.parts = 0
+        self._open = False  # the last record was a part that did not end its document
+
+    def note(self, ends_document: bool) -> None:
+        if not self._open and not ends_document:
+            self.documents += 1
+        if self._open or not ends_document:
+            self.parts += 1
+        self._open = not ends_document
+
+    def as_dict(self) -> dict[str, int]:
+        return {"documents": self.documents, "parts": self.parts, "part_chars": readers.PART_CHARS}
+
+
 def _scan(
-    cfg: PrepConfig, srcs: sources.Sources, sample_budget: int
+    cfg: PrepConfig, srcs: sources.Sources, sample_budget: int, progress: Progress
 ) -> tuple[dict[str, Any], tuple[_Sample, _Sample]]:
     """Pass 1: counts, skip examples, split sizes by hash, the source fingerprint and the tokenizer sample."""
     skipped: Counter = Counter({r: 0 for r in documents.SKIP_REASONS})
@@ -107,9 +131,11 @@ def _scan(
     records = kept = total_bytes = 0
     lowest: dict[float, list[int]] = {}  # the two smallest u of train documents: [copies, bytes]
     want_sample = cfg.tokenizer == "sentencepiece" and cfg.tokenizer_model is None
-    t0 = time.perf_counter()
-    for text, reason, doc_id, u, nbytes, _, file, line in documents.check(srcs.records(), cfg.seed):
+    t0, cuts = time.perf_counter(), _Cuts()
+    for text, reason, doc_id, u, nbytes, eos, file, line in documents.check(srcs.records(), cfg.seed):
         records += 1
+        progress.update()
+        cuts.note(eos)
         if reason:
             skipped[reason] += 1
             if len(where[reason]) < MAX_EXAMPLES_SHOWN:
@@ -158,6 +184,7 @@ def _scan(
         "split_docs": split_docs.tolist(),
         "lowest_train": sorted([u, n, b] for u, (n, b) in lowest.items()),
         "fingerprint": fingerprint.hexdigest(),
+        "long_documents_cut": cuts.as_dict(),
     }
     log.info(
         "scanned %d records (%.0f MB kept) in %.1f s", records, total_bytes / 1e6, time.perf_counter() - t0
@@ -415,7 +442,8 @@ def _tokenizer(
             mb,
         )
         t0 = time.perf_counter()
-        proto = _train_spm(sample, cfg, vocab_size)
+        with heartbeat("training SentencePiece", _say):
+            proto = _train_spm(sample, cfg, vocab_size)
         log.info("tokenizer trained in %.1f s", time.perf_counter() - t0)
         tok = SentencePieceTokenizer(proto)
         tok.check_lossless("trained tokenizer")
@@ -510,7 +538,8 @@ def _scan_or_resume(
     the bytes of tokenizer sample memory holds (`_memory_bounds`)."""
     scan = manifest.get("scan")
     if scan is None or (cfg.tokenizer == "sentencepiece" and not manifest.get("tokenizer_sha256")):
-        return _scan(cfg, srcs, sample_budget)
+        with Progress(None, "pass 1 of 2, scan", "record", _say, bar=not cfg.quiet) as progress:
+            return _scan(cfg, srcs, sample_budget, progress)
     log.info(
         "resuming %s: the scan and %d finished shard group(s) are kept", cfg.out, len(manifest["groups"])
     )
@@ -570,8 +599,10 @@ def _encode(
     spool = shards.spool_dir(out)
     num_proc, blocks = _workers(cfg, _blocks(cfg, srcs, skip_blocks), memory)
     stream = _encode_stream(fn, blocks, num_proc, spool)
+    progress = Progress(None, "pass 2 of 2, encode", "block", _say, bar=not cfg.quiet)
     try:
         for consumed, piece in stream:
+            progress.update()
             writer.add(piece, consumed)
             pieces.release(piece)
             done_bytes += sum(piece.bytes)
@@ -585,6 +616,7 @@ def _encode(
     except LossyTokenizerError as exc:
         raise UserError(f"{cfg.tokenizer_model or cfg.tokenizer}: {exc}") from exc
     finally:
+        progress.close()
         stream.close()  # the workers stop before their spool goes
         shutil.rmtree(spool, ignore_errors=True)
     writer.close(consumed, force=True)
@@ -642,6 +674,7 @@ def _meta(cfg, srcs, scan, manifest, tok, empty_by_hash, command) -> dict[str, A
             "skipped": int(sum(scan["skipped"].values())),
             "repaired_invalid_utf8": scan["repaired"],
             "inputs_cut_short": scan.get("cut_short", []),
+            "long_documents_cut": scan.get("long_documents_cut"),  # absent in a scan resumed from before
         },
         "skipped": scan["skipped"],
         "split_notes": notes,

@@ -20,6 +20,12 @@ def format_summary(meta: dict[str, Any], out: str) -> str:
             else ""
         )
     )
+    long = docs.get("long_documents_cut") or {}
+    if long.get("documents"):
+        lines.append(
+            f"    {long['parts']} of them are parts of {long['documents']} document(s) over {long['part_chars']:,} "
+            "characters, cut at line ends (each part a document from then on)"
+        )
     cut = docs.get("inputs_cut_short") or []
     if cut:
         lines.append(

@@ -43,8 +43,8 @@ fi
 run deepspeed --log_level "${DS_LOG_LEVEL:-error}" --num_gpus "$NUM_PROCS" app/train.py \
   --deepspeed_config "$DS_CONFIG" \
   --data "$DATA" --pipeline-stages "$STAGES" --out "$OUT" --model-config "${MODEL:-small}" \
-  "${length[@]}" --warmup-steps 10 --eval-every 50 --eval-max-batches 20 --save-every 50 \
-  --test-eval false --wandb-mode "${WANDB_MODE:-offline}"  # the test split is evaluated next, with compressors
+  "${length[@]}" --test-eval false --wandb-mode "${WANDB_MODE:-offline}"  # the test split is evaluated next
+# (no step flags: warmup, validations and saves follow the budget, and the run logs the schedule it keeps)
 # "$OUT/best": the checkpoint with the lowest validation loss (the last one unless the run overfits)
 run mlstm-eval --checkpoint "$OUT/best" --data "$DATA" --split test --text README.md
 run mlstm-export --checkpoint "$OUT/best" --out "$OUT/export"

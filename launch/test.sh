@@ -5,8 +5,8 @@
 # The tests run in MLSTM_TEST_WORKERS pytest-xdist workers (default: the cores, at most 4), one test file
 # per worker at a time, the longest files first (--dist loadfile --no-loadscope-reorder and the order in
 # tests/conftest.py). Most tests start real `deepspeed` launches, whose runner and per-node launcher start
-# one after the other on one core: two workers keep both cores of a 2-core machine busy (README,
-# Development). The session fixtures (prepared data, reference runs) are built once per run, shared by the
+# one after the other on one core: two workers keep both cores of a 2-core machine busy
+# (docs/development.md, Tests). The session fixtures (prepared data, reference runs) are built once per run, shared by the
 # workers (tests/conftest.py).
 # `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
 # sets the workers.

@@ -180,7 +180,7 @@ HEAVY_FILES = {
     "test_lifecycle.py": 170, "test_evaluate.py": 170, "test_checkpoints_safety.py": 160, "test_slurm.py": 145,
     "test_train.py": 135, "test_model_triton_core.py": 100, "test_multinode.py": 90, "test_batching_buckets.py": 60,
     "test_training_carry_state.py": 55, "test_checkpoints_warm_start.py": 55, "test_model_fused_core.py": 50,
-    "test_training_preemption.py": 50,
+    "test_training_preemption.py": 50, "test_training_run_schedule.py": 75,
 }  # fmt: skip
 
 

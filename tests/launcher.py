@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,8 @@ def env(**extra: str) -> dict[str, str]:
     # processes, and the per-process MKL-vs-oneDNN timing can pick differently under load
     e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MLSTM_MATMUL="mm")
     e.pop("MLSTM_DS_FAULTS", None)
+    # the machine's matmul peak (app/training/peak_flops.py) measured under the suite's load stays the suite's
+    e.setdefault("MLSTM_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"mlstm-ds-suite-cache-{os.getuid()}"))
     if not torch_sees_an_accelerator():  # as launch/setup_env.sh does: one decision, no warning per process
         e.setdefault("DS_ACCELERATOR", "cpu")
     e.update(extra)

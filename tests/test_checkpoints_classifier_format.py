@@ -1,7 +1,8 @@
 """The classifier folder loads with transformers: AutoModelForSequenceClassification and
 pipeline("text-classification") (trust_remote_code) give mlstm-classify's labels and probabilities on 100
 sentences of a public-domain novel, for every feature kind, several layers, a two-class probe (one logit),
-three classes, multi-label (thresholds from the config) and a fine-tuned head that reads at most N tokens.
+three classes, multi-label (thresholds from the config), a fine-tuned head that reads at most N tokens and
+a model whose texts are prepared as OpenAI's encoder prepared them (an import's feature_preprocess).
 The folder is also a --checkpoint: its language model loads as an export's."""
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from app.classify import main as classify_main
 from app.probing.head import Head
 from app.probing.keep import keep
 
-KINDS = {  # name: (method, feature, layers, outputs, labels, multi, max_tokens)
-    "probe_final_cell_two_classes": ("probe", "final_cell", [1], 1, ["neg", "pos"], False, 0),
-    "probe_final_hidden_three": ("probe", "final_hidden", [0], 3, ["a", "b", "c"], False, 0),
-    "probe_mean_layers_multi": ("probe", "mean_hidden", [1, 0], 3, ["x", "y", "z"], True, 0),
-    "probe_max_hidden": ("probe", "max_hidden", [0, 1], 2, ["no", "yes"], False, 0),
-    "finetune_cut_at_40_tokens": ("finetune", "mean_hidden", [1], 2, ["neg", "pos"], False, 40),
+KINDS = {  # name: (method, feature, layers, outputs, labels, multi, max_tokens, feature_preprocess)
+    "probe_final_cell_two_classes": ("probe", "final_cell", [1], 1, ["neg", "pos"], False, 0, "none"),
+    "probe_final_hidden_three": ("probe", "final_hidden", [0], 3, ["a", "b", "c"], False, 0, "none"),
+    "probe_mean_layers_multi": ("probe", "mean_hidden", [1, 0], 3, ["x", "y", "z"], True, 0, "none"),
+    "probe_max_hidden": ("probe", "max_hidden", [0, 1], 2, ["no", "yes"], False, 0, "none"),
+    "finetune_cut_at_40_tokens": ("finetune", "mean_hidden", [1], 2, ["neg", "pos"], False, 40, "none"),
+    "probe_openai_preprocess": ("probe", "final_cell", [1], 1, ["neg", "pos"], False, 0, "openai"),
 }
 
 
@@ -34,7 +36,7 @@ def random_head(name: str, X: np.ndarray, rng) -> Head:
     """A head of KINDS[name] on features X (n, d) of the texts, drawn so its labels vary over them: the
     features standardised by their own statistics (a probe's mean and scale, a fine-tuned head's weights
     divided by them) times weights of unit spread."""
-    method, feature, layers, k, labels, multi, max_tokens = KINDS[name]
+    method, feature, layers, k, labels, multi, max_tokens, _ = KINDS[name]
     mean, scale = X.mean(0), np.maximum(X.std(0), 1e-3)
     w = rng.normal(0, 2 / np.sqrt(X.shape[1]), (k, X.shape[1]))
     b = rng.normal(0, 0.3, k)
@@ -58,29 +60,19 @@ def folders(tmp_path_factory):
     model, tok = src.load_model(), src.tokenizer()
     seed = int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng(seed)
-    texts = botchan_sentences()[200:300]
-    ids = token_ids(tok, texts)
+    texts = [*botchan_sentences()[200:298], "Tom &amp; Jerry &lt;3\nsaid &quot;hi&quot;", "  two\nlines  "]
     out = {}
-    for name, (method, feature, layers, *_, max_tokens) in KINDS.items():
+    for name, (method, feature, layers, *_, max_tokens, preprocess) in KINDS.items():
+        ids = token_ids(tok, texts, preprocess)
         if method == "finetune":
+            cut = [torch.as_tensor(s[:max_tokens]) for s in ids]
             with torch.no_grad():
-                X = np.stack(
-                    [
-                        pooled(
-                            model,
-                            torch.as_tensor(s[:max_tokens])[None],
-                            torch.tensor([len(s[:max_tokens])]),
-                            layers,
-                        )[0].numpy()
-                        for s in ids
-                    ]
-                )
+                X = np.stack([pooled(model, c[None], torch.tensor([len(c)]), layers)[0].numpy() for c in cut])
         else:
             X = featurize_sets(model, ids, layers, 16384, tok.pad_id).features[feature]
         head = random_head(name, X, rng)
-        out[name] = keep(
-            root / name, src, src.tokenizer_meta, model.state_dict(), head, {"C": None, "lm": {}}
-        )
+        about = {"C": None, "lm": {}}
+        out[name] = keep(root / name, src, src.tokenizer_meta, model.state_dict(), head, about, preprocess)
     write_rows(root / "texts.jsonl", [{"text": t} for t in texts])
     return out, root / "texts.jsonl", texts, seed
 
@@ -99,7 +91,7 @@ def test_pipeline_and_auto_model_give_mlstm_classify_labels_and_probabilities(
     tmp_path,
 ):
     made, src, texts, seed = folders
-    folder, (_, _, _, _, labels, multi, _) = made[name], KINDS[name]
+    folder, (_, _, _, _, labels, multi, *_) = made[name], KINDS[name]
     want = ours(folder, src, tmp_path)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder), **HF).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(folder), **HF)

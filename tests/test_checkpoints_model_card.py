@@ -21,3 +21,19 @@ def test_a_data_summary_of_the_wrong_types_reads_dashes_not_a_traceback():
     assert _data_section({"data": "nonsense"}, None).endswith(
         "The data summary was not recorded with this checkpoint."
     )
+
+
+def test_the_card_says_why_a_file_became_several_documents_and_the_schedule_in_force():
+    from app.checkpoints.model_card import _training_section
+
+    config = {"data": {"path": "d", "splits": {"train": {"docs": 2}}}}
+    meta = {"documents": {"kept": 2, "records": 2, "long_documents_cut": {"documents": 1, "parts": 2,
+                                                                          "part_chars": 1048576}}}  # fmt: skip
+    card = _data_section(config, meta)
+    assert (
+        "2 of the documents are parts of 1 longer one(s), cut at line ends every 1,048,576 characters" in card
+    )
+    assert "parts of" not in _data_section(config, {"documents": {"kept": 2, "records": 2}})
+    budgeted = {"train": {"warmup_steps": None, "lr_decay": "cosine", "min_lr_ratio": 0.1},
+                "schedule": {"warmup_steps": 7, "eval_every": 13, "save_every": 13}}  # fmt: skip
+    assert "- schedule: 7 warm-up steps, then cosine decay" in _training_section(budgeted, 130, None)

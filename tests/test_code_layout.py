@@ -10,7 +10,8 @@ Layers, bottom to top; a module imports only from lower layers or from its own f
     5 app.evaluation (the trainer's validation passes are its held-out scoring)
     6 app.training, app.probing
     7 app.classifying (labelling new text with the classifier app.probing keeps)
-    8 the entry points app/train.py, evaluate.py, generate.py, export.py, transfer.py, plot.py, classify.py
+    8 the entry points app/train.py, evaluate.py, generate.py, export.py, transfer.py, plot.py, import_weights.py,
+      classify.py
 Every import counts, function-level ones included (they are how a circle hides).
 No function in app/, data_prep/ or bench/ is over MAX_FUNCTION_LINES: a long one is split into named steps.
 """
@@ -18,6 +19,7 @@ No function in app/, data_prep/ or bench/ is over MAX_FUNCTION_LINES: a long one
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +37,8 @@ LAYERS = {
     "app.classifying": 7,
 }
 ENTRY_POINTS = (
-    "app.train", "app.evaluate", "app.generate", "app.export", "app.transfer", "app.plot", "app.classify",
+    "app.train", "app.evaluate", "app.generate", "app.export", "app.transfer", "app.plot", "app.import_weights",
+    "app.classify",
 )  # fmt: skip
 ENTRY_LAYER = max(LAYERS.values()) + 1
 MAX_FUNCTION_LINES = 80
@@ -153,7 +156,7 @@ def test_entry_point_and_trainer_are_short():
 
 # tests of a behaviour across modules (a folder's end to end, the launch scripts, the house rules), named for it
 TOPIC_TESTS = {
-    "code_layout", "compat_main", "console_scripts", "data_prep_e2e", "data_prep_formats", "data_prep_hostile",
+    "code_layout", "compat_main", "console_scripts", "data_prep_e2e", "docs", "data_prep_formats", "data_prep_hostile",
     "data_prep_resume", "data_prep_units", "export_hf", "launch", "lifecycle", "multinode", "slurm",
 }  # fmt: skip
 
@@ -180,3 +183,38 @@ def test_tests_mirror_modules():
         "tests named after no module (rename after the module they test, or a topic):\n" + "\n".join(stray)
     )
     assert mirrors_a_module("evaluation_cache") and not mirrors_a_module("training_cache_eval")
+
+
+def code_map() -> str:
+    """The Code map section of docs/development.md (up to the next heading)."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    start = text.index("## Code map")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_the_code_map_matches_the_tree():
+    """docs/development.md's Code map names every folder of app/ and every entry point, each as it is on
+    disk, and every `app/...` path it names exists (a moved or removed module takes its line with it)."""
+    text = code_map()
+    folders = sorted(p.parent.name for p in (ROOT / "app").glob("*/__init__.py"))
+    missing = [f"app/{f}/" for f in folders if f"`app/{f}/`" not in text]
+    entry = [m.removeprefix("app.") for m in ENTRY_POINTS]
+    missing += [f"app/{e}.py" for e in entry if f"`{e}.py`" not in text and f"`app/{e}.py`" not in text]
+    assert not missing, "the Code map (docs/development.md) does not name: " + ", ".join(missing)
+    named = set(re.findall(r"`((?:app|data_prep)/[\w/.]*)`", text))
+    gone = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
+    assert not gone, "the Code map names paths that do not exist: " + ", ".join(gone)
+    modules = set(re.findall(r"`(\w+)`", text))
+    for folder in folders:  # a module named in a folder's line exists in that folder
+        line = next(ln for ln in text.split("\n- ") if ln.startswith(f"`app/{folder}/`"))
+        stray = [
+            m for m in set(re.findall(r"`(\w+)`", line)) & modules
+            if m.islower() and not any((ROOT / "app" / folder).rglob(f"{m}.py")) and not (ROOT / "app" / folder / m).is_dir()
+            and m not in KNOWN_WORDS
+        ]  # fmt: skip
+        assert not stray, f"app/{folder}/'s line in the Code map names modules it does not hold: {stray}"
+
+
+# backticked words in the Code map that are not module names (a class, a key, a package)
+KNOWN_WORDS = {"transfer"}  # the `transfer` extra

@@ -19,3 +19,27 @@ def test_lines_follow_a_swapped_stderr(monkeypatch):
     setup_logging().warning("to the second")
     assert "to the first" in first.getvalue() and "to the second" not in first.getvalue()
     assert "to the second" in second.getvalue()
+
+
+def test_long_work_says_how_far_it_is_at_every_heartbeat(monkeypatch):
+    """Off a terminal, Progress writes a line at least every heartbeat from its own thread, so one slow unit
+    of work is no silence either; closing it stops them."""
+    import time
+
+    from app.common.logs import HEARTBEAT_S, Progress, heartbeat, heartbeat_s
+
+    assert HEARTBEAT_S < 30 and heartbeat_s() == HEARTBEAT_S  # no silence over 30 s in a log
+    monkeypatch.setenv("MLSTM_HEARTBEAT_S", "0.1")
+    assert heartbeat_s() == 0.1
+    lines: list[str] = []
+    with Progress(10, "scoring", "text", lines.append) as p:
+        p.update(3)
+        time.sleep(0.45)  # one slow unit of work
+        said = len(lines)
+    time.sleep(0.3)
+    assert 3 <= said <= 5 and len(lines) == said, lines  # a line a heartbeat while open, none after
+    assert lines[0] == "scoring: 3/10 texts, 0 s", lines
+    beats: list[str] = []
+    with heartbeat("checking", beats.append):
+        time.sleep(0.25)
+    assert beats[0] == "checking ..." and beats[1] == "checking: 0 s so far" and len(beats) >= 3, beats

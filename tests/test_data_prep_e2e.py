@@ -156,3 +156,23 @@ def test_tokenizers_pickle_and_roundtrip(prepared_dir):
         assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id]) == text
         assert int(tok.token_bytes[ids].sum()) == len(text.encode("utf-8"))
     assert isinstance(load_tokenizer_from_dir(prepared_dir), SentencePieceTokenizer)
+
+
+def test_a_long_file_says_why_it_became_several_documents(tmp_path, capsys):
+    """A 1.1 MB text with line breaks, read as one document (--doc-split file), is 2 documents: parts of at
+    most PART_CHARS characters cut at line ends. The summary and meta.json say so (the model card too:
+    tests/test_checkpoints_model_card.py), and a file under the size says nothing."""
+    from data_prep.readers import PART_CHARS
+
+    line = "To be, or not to be, that is the question.\n"
+    big = tmp_path / "play.txt"
+    big.write_text(line * (1_100_000 // len(line)))
+    small = tmp_path / "note.txt"
+    small.write_text(line * 50)
+    out = tmp_path / "data"
+    assert prep_main(["--input", str(big), str(small), "--tokenizer", "byte", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["documents"]["kept"] == 3
+    assert meta["documents"]["long_documents_cut"] == {"documents": 1, "parts": 2, "part_chars": PART_CHARS}
+    assert f"2 of them are parts of 1 document(s) over {PART_CHARS:,} characters, cut at line ends" in said

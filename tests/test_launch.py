@@ -4,13 +4,13 @@ import os
 import subprocess
 
 import pytest
-from launcher import ROOT
+from launcher import ROOT, free_port
 
 
-def dry(script: str, **env) -> str:
+def dry(script: str, *args: str, **env) -> str:
     e = dict(os.environ, DRY_RUN="1", **env)
-    p = subprocess.run(["bash", str(ROOT / "launch" / script)], cwd=ROOT, env=e, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    p = subprocess.run(["bash", str(ROOT / "launch" / script), *args], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
     assert p.returncode == 0, p.stderr
     return p.stdout + p.stderr
 
@@ -42,11 +42,14 @@ def test_quickstart_dry_run_lists_every_stage(tmp_path):
     for needle in (  # the console scripts an install provides
         "+ mlstm-prep ",
         "+ deepspeed --log_level error --num_gpus 2 app/train.py",
+        "--model-config small --time-budget 4 --test-eval false --wandb-mode ",
         "+ mlstm-eval --checkpoint runs/quickstart/best ",  # the lowest validation loss
         "+ mlstm-export --checkpoint runs/quickstart/best ",
         "+ mlstm-generate ",
     ):
         assert needle in out
+    for hidden in ("--warmup-steps", "--eval-every", "--save-every"):  # the README's recipe: none of them
+        assert hidden not in out
 
 
 def test_quickstart_on_a_gpu_trains_one_process_in_bf16(tmp_path):
@@ -70,3 +73,31 @@ def test_scripts_parse_and_are_executable(script):
     path = ROOT / "launch" / script
     assert os.access(path, os.X_OK)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_deepspeed_wrapper_passes_its_arguments_at_log_level_error():
+    out = dry("deepspeed.sh", "--num_gpus", "2", "app/train.py", "--data", "d", "--launcher-log")
+    assert out.startswith("deepspeed --log_level error --num_gpus 2 app/train.py --data d --launcher-log")
+    out = dry("deepspeed.sh", "--launcher-log", "--num_gpus", "2", "app/train.py")  # before the script: ours
+    assert out.startswith("deepspeed --log_level info --num_gpus 2 app/train.py")
+
+
+def test_deepspeed_wrapper_leaves_only_the_ranks_lines_on_a_cpu(tmp_path):
+    """A CPU launch through launch/deepspeed.sh: the ranks' own output, one line saying DeepSpeed runs on
+    the CPU, and none of the launcher's (a plain `deepspeed` prints "Setting CUDA_VISIBLE_DEVICES=0,1" and
+    "Setting accelerator to CPU" in every process here)."""
+    script = tmp_path / "hello.py"
+    script.write_text(
+        "import os\nos.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\".encode())\n"
+    )
+    e = dict(os.environ, MASTER_PORT=str(free_port()))
+    e.pop("DS_ACCELERATOR", None)
+    cmd = ["bash", str(ROOT / "launch" / "deepspeed.sh"), "--num_gpus", "2", "--master_port", e["MASTER_PORT"],
+           str(script)]  # fmt: skip
+    p = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    assert sorted(ln for ln in lines if ln.startswith("rank")) == ["rank 0 of 2", "rank 1 of 2"]
+    assert [ln for ln in lines if not ln.startswith("rank")] == [
+        "[setup] no GPU or other accelerator visible to torch: DeepSpeed runs on the CPU (DS_ACCELERATOR=cpu)"
+    ], lines

@@ -40,7 +40,7 @@ def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_pat
     not ours, and would be a third of this test's time.
 
     torch 2.6's gloo keeps the timeout a group was created with (the start-up one, at least 600 s): there
-    the stall is caught that much later, on CPU (README, "Failures")."""
+    the stall is caught that much later, on CPU (docs/reliability.md, "Failures")."""
     if not _gloo_takes_a_new_timeout():
         pytest.skip(
             f"torch {torch.__version__}'s gloo ignores a timeout set on a live group (pytorch#165422)"

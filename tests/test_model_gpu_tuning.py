@@ -1,5 +1,7 @@
-"""app/model/gpu_tuning.py: which GPU loop runs, per shape, chosen by measurement; its tiles, its batch
-buckets, the forced loop, and (in Triton's interpreter, a wall clock for CUDA events) the timing itself."""
+"""app/model/gpu_tuning.py: which GPU loop runs, per shape, chosen by measurement; its tiles (gpu_tiles.py), its
+batch buckets, the forced loop, (in Triton's interpreter, a wall clock for CUDA events) the timing itself, and
+the runs that fall back when a loop fails: a grid barrier that times out, a loop that raises at launch, and a
+cached ranking that is corrupt, foreign or wrong, each injected."""
 
 import pytest
 import torch
@@ -7,21 +9,79 @@ from test_model_triton_core import TIMED, _check
 
 from app.common.errors import UserError
 from app.model import gpu_tuning
-from app.model.gpu_loops import StepLoop, Tiles
+from app.model.gpu_loops import StepLoop
+from app.model.gpu_tiles import Tiles
 
 
 def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_path):
-    """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): all three loops timed each way
-    and none left out (they agree with the cuBLAS loop), a loop that computes something else left out with
+    """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): every loop checked against the
+    float64 reference and timed each way, none left out, a loop that computes something else left out with
     why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
-    out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
+    out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp_path))
     assert set(out["choice"]) == TIMED, out
     assert all(isinstance(v, float) for v in out["choice"].values()), out
-    assert (
-        out["wrong"]["picked"] == "cublas"
-        and "outputs differ from the cublas loop's" in out["wrong"]["times"]["fwd/wrong"]
-    )
+    assert out["wrong"]["ranked"] == ["cublas"], out["wrong"]
+    assert "hs differs from the float64 reference" in out["wrong"]["times"]["fwd/wrong-negated"], out["wrong"]
     assert out["python"] == ["measured faster than the Triton core at this shape"] * 2 and out["logged"] == 1
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("faults")
+    return _check("faults", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp / "cache"))
+
+
+@pytest.mark.parametrize(
+    "case, failed", [("barrier_timeout_fwd", "forward"), ("barrier_timeout_bwd", "backward")]
+)
+def test_a_barrier_that_times_out_is_redone_by_the_next_loop(faults, case, failed):
+    """The persistent loop's forward (or backward) launch finds its barrier flag set: the op redoes that
+    direction with the next loop, says so once, and the user gets the right outputs and gradients."""
+    r = faults[case]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert len(r["warnings"]) == 1, r["warnings"]
+    assert f"GPU {failed} loop persistent failed" in r["warnings"][0], r["warnings"]
+    assert (
+        "grid barrier timed out" in r["warnings"][0] and "redoing it with the cublas loop" in r["warnings"][0]
+    )
+    assert (r["fwd" if failed == "forward" else "bwd"])[0] == "cublas", r  # the failed loop left the ranking
+
+
+def test_a_forced_loop_that_cannot_launch_falls_back(faults):
+    r = faults["launch_error"]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert len(r["warnings"]) == 1 and "forward loop step failed" in r["warnings"][0], r["warnings"]
+    assert "could not launch" in r["warnings"][0] and r["fwd"][0] == "cublas", r
+
+
+def test_when_every_loop_fails_the_error_says_so(faults):
+    r = faults["every_loop_fails"]
+    assert isinstance(r["errors"], str) and r["errors"].startswith("NoLoop: no GPU forward loop"), r
+    assert "step: RuntimeError" in r["errors"] and "cublas: RuntimeError" in r["errors"], r
+    assert r["warnings"][-1].endswith("no other loop is left"), r["warnings"]
+
+
+@pytest.mark.parametrize("case", ["cache_corrupt", "cache_foreign"])
+def test_a_corrupt_or_foreign_cache_entry_is_timed_afresh(faults, case):
+    r = faults[case]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert "cached" not in r["times"] and set(r["times"]) >= TIMED - {"fwd/step"}, r["times"]
+
+
+def test_a_cached_ranking_is_checked_before_it_is_trusted(faults):
+    """A ranking on disk whose first loop is wrong here: the check of the cache hit says so in one line, the
+    shape is timed afresh, and the tuner's own check leaves the wrong loop out; the ranking it then stores is
+    read back, checked and used, untimed."""
+    r = faults["cache_wrong"]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert len(r["warnings"]) == 1 and "the cached mLSTM GPU loop step" in r["warnings"][0], r["warnings"]
+    assert "hs differs from the float64 reference" in r["times"]["fwd/step"] and "step" not in r["fwd"], r
+    good = faults["cache_good"]
+    assert good["times"] == {"cached": True} and good["fwd"] == r["fwd"] and not good["warnings"], good
+    assert [f for f in faults["cache_file"] if not f.startswith(".")] == ["gpu_loops.json"], faults[
+        "cache_file"
+    ]
+    assert faults["cache_key"] == "triton interpreter"
 
 
 def test_a_micro_batch_with_fewer_rows_shares_its_bucket():
@@ -33,12 +93,19 @@ def test_a_micro_batch_with_fewer_rows_shares_its_bucket():
 
 
 def test_tiles_give_every_sm_work_and_keep_large_layers_whole_batch():
-    from app.model.gpu_tuning import tiles_for
+    from app.model.gpu_tiles import split_tiles, tiles_for
 
     t = tiles_for(64, 1024, torch.bfloat16, sms=132, weights_in_l2=True)
     assert (t.n_r(64, 1024), t.n_g(64, 1024)) == (128, 128) and 4 * t.bu_g == 64, t  # one wave; M = 64
     big = tiles_for(128, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
     assert big.bb_r == big.bb_g == 128, big  # weights streamed from HBM once per step, not per batch tile
+    assert 4 * big.bu_g == 128 and big.n_g(128, 4096) == 128, (
+        big
+    )  # 4 x 32 gate rows: one wave, half the reads
+    b256 = tiles_for(256, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
+    assert (b256.bb_m, b256.bu_m) == (128, 64), b256  # the backward's K = 4H phase: M = 64, not bu_g's 16
+    split = split_tiles(big, 128, 4096, sms=132, dtype=torch.bfloat16)
+    assert (split.bb_m, split.bu_m, split.split) == (128, 64, 2), split  # 64 tiles x 2 slices fill the SMs
     tiny = tiles_for(3, 20, torch.float32, sms=132, weights_in_l2=True)
     assert min(tiny.bb_r, tiny.bu_r, tiny.bb_g, 4 * tiny.bu_g, tiny.bk) >= 16, tiny  # tl.dot's minimum
 
@@ -50,13 +117,13 @@ def test_a_smaller_micro_batch_reuses_the_smallest_larger_bucket_timed(monkeypat
     t = Tiles(16, 16, 16, 4, 16)
     w = torch.zeros(8, 8)
     key = gpu_tuning._key(torch.zeros(256, 1, 4), w)
-    big, mid = (gpu_tuning.Choice(StepLoop(t), StepLoop(t), python=False) for _ in range(2))
+    big, mid = (gpu_tuning.Choice([StepLoop(t)], [StepLoop(t)], python=False) for _ in range(2))
     gpu_tuning._choices[(*key, None)] = big
     gpu_tuning._choices[(key[0], 64, *key[2:], None)] = mid
     assert gpu_tuning._reuse((*gpu_tuning._key(torch.zeros(100, 1, 4), w), None), backward=True) is big
     assert gpu_tuning._reuse((*gpu_tuning._key(torch.zeros(20, 1, 4), w), None), backward=True) is mid
     assert gpu_tuning._reuse((*gpu_tuning._key(torch.zeros(300, 1, 4), w), None), backward=True) is None
-    fwd_only = gpu_tuning.Choice(StepLoop(t), None)  # timed for inference only: not for a training step
+    fwd_only = gpu_tuning.Choice([StepLoop(t)], None)  # timed for inference only: not for a training step
     gpu_tuning._choices[(*key, None)] = fwd_only
     assert gpu_tuning._reuse((*gpu_tuning._key(torch.zeros(100, 1, 4), w), None), backward=True) is None
     assert gpu_tuning._reuse((*gpu_tuning._key(torch.zeros(100, 1, 4), w), None), backward=False) is fwd_only
@@ -70,7 +137,9 @@ def test_a_forced_loop_that_is_none_is_one_line_and_splitk_falls_back(monkeypatc
         gpu_tuning.forced_loop()
     # B256 H4096 (the large preset at B256): 128 output tiles of the split phase on 132 SMs, so no split
     base = gpu_tuning.tiles_for(256, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
-    assert gpu_tuning.split_tiles(base, 256, 4096, sms=132).split == 1
+    assert (
+        gpu_tuning.split_tiles(base, 256, 4096, sms=132, dtype=torch.bfloat16).bwd() == base.bwd()
+    )  # the persistent loop's own
     loops = [StepLoop(base)]
     persistent = gpu_tuning.PersistentLoop(base, 132)
     assert gpu_tuning.pick("splitk", [*loops, persistent]) is persistent

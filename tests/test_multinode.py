@@ -43,7 +43,7 @@ def script_args(*extra: str) -> list[str]:
 
 def hostfile_launch(cluster, hostfile: Path, data: Path, out: Path, *extra: str, stages: int = 2,
                     config: Path = CPU_CONFIG, port: int | None = None, **env_extra: str):  # fmt: skip
-    """`launch/train_multi_node.sh` as the README shows it: returns (argv, environment) for Popen/run."""
+    """`launch/train_multi_node.sh` as docs/training.md shows it: returns (argv, environment) for Popen/run."""
     port = port or free_port()
     _PORTS.append(port)  # the session's /dev/shm clean-up covers killed runs
     e = env(

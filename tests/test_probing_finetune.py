@@ -94,7 +94,8 @@ def test_fine_tune_learns_keeps_the_best_epoch_and_leaves_the_model():
     )
     lines: list[str] = []
     ft = fine_tune(model, splits, [1], 2, cfg, pad_id=258, log=lines.append)
-    assert len(ft.val_accuracy_by_epoch) == 3 == len(lines) and "epoch 3/3" in lines[-1]
+    assert len(ft.val_accuracy_by_epoch) == 3 == len(lines) - 1 and "epoch 3/3" in lines[-2]
+    assert lines[-1].startswith("fine-tune: the best epoch (")  # the last phase says it has begun
     assert ft.best_epoch == 1 + int(np.argmax(ft.val_accuracy_by_epoch))
     assert ft.test_accuracy > 0.8 and ft.train_accuracy > 0.8
     assert (ft.test_pred == splits[2][1]).mean() == ft.test_accuracy

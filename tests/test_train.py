@@ -104,9 +104,11 @@ def test_reference_run_log_is_quiet_and_ours_carry_time_and_rank(reference_run):
 
 
 def test_wandb_offline_run_has_metrics_and_no_key(reference_run):
-    out, _ = reference_run
+    out, p = reference_run
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline W&B run file"
+    # its last lines say how to upload it
+    assert f"W&B run saved offline; to upload it: wandb sync {runs[0]}" in p.stderr, p.stderr[-2000:]
     blob = b"".join(f.read_bytes() for f in runs[0].rglob("*.wandb"))
     assert b"train/loss" in blob and b"val/bpb" in blob
     for f in out.rglob("*"):

@@ -55,3 +55,34 @@ def test_plot_refuses_a_folder_without_metrics_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "no metrics.jsonl" in err[0]
     assert not (tmp_path / "x.png").exists()
+
+
+def test_runs_compare_in_bits_per_byte_against_the_text_seen_and_the_clock(tmp_path, capsys):
+    """A SentencePiece run (4 bytes a token) and a byte run: per token the byte run looks 4x better; per
+    byte of text they sit where they are. Runs that did not record the bytes and seconds (older metrics)
+    get them from each step's loss, bits/byte and tokens/s."""
+    import math
+
+    def run(name: str, bytes_per_token: float, recorded: bool) -> str:
+        recs = []
+        for step in range(1, 11):
+            loss = 2.0 * bytes_per_token * math.log(2)  # 2 bits a byte, whatever the tokenizer
+            rec = {"step": step, "train/loss": loss, "train/bpb": 2.0, "train/tokens": 100 * step,
+                   "train/tokens_per_s": 50.0, "train/grad_norm": 1.0, "train/lr": 1e-3}  # fmt: skip
+            if recorded:
+                rec |= {"train/bytes": 100 * step * bytes_per_token, "train/elapsed_s": 2.0 * step}
+            recs.append(rec)
+        recs.append({"step": 10, "val/loss": 1.0, "val/bpb": 1.5})
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+        return str(d)
+
+    out = tmp_path / "cmp.png"
+    assert plot_main([run("spm", 4.0, False), run("bytes", 1.0, True), "--out", str(out)]) == 0
+    check_png(out)
+    spm, byte = plot_runs([str(tmp_path / "spm"), str(tmp_path / "bytes")], tmp_path / "again.png")
+    assert spm.train["bytes"].tolist() == pytest.approx([400.0 * s for s in range(1, 11)])
+    assert spm.train["seconds"].tolist() == pytest.approx([2.0 * s for s in range(1, 11)])
+    assert byte.val["bytes"].tolist() == [1000.0] and spm.val["bytes"].tolist() == pytest.approx([4000.0])
+    assert spm.val["seconds"].tolist() == pytest.approx([20.0]) == byte.val["seconds"].tolist()

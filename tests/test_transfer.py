@@ -278,3 +278,27 @@ def test_progress_bars_on_a_terminal_and_a_line_per_feature_kind_and_c(task):
     for kind in ("final_cell", "final_hidden", "mean_hidden", "max_hidden"):
         assert f"probe {kind}: C 0.015625: validation accuracy" in out and f"probe {kind}: C 16: " in out
     assert "fine-tune epoch 1/1: loss" in out and "\r" not in out
+
+
+def test_files_without_a_text_column_read_their_one_string_column(task, capsys):
+    """GLUE/SST name the text `sentence`: with --text-field left at `text` and one string column besides the
+    label, that column is read, said in one line (once, for every file); two to choose from is one error
+    line naming the columns."""
+    rows = list(csv.reader((task / "train.csv").open()))[1:]
+    with (task / "train.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["label", "sentence"], *[[y, t] for t, y in rows]])
+    test = [json.loads(ln) for ln in (task / "test.jsonl").read_text().splitlines()]
+    write_jsonl(task / "test.jsonl", [{"sentence": r["text"], "label": r["label"]} for r in test])
+    res = run_transfer(task)
+    out = capsys.readouterr().out
+    assert res["rows"] == {"train": 80, "test": 24}
+    said = "--text-field: no column 'text'; reading 'sentence', the one text column besides the label"
+    assert out.count(said) == 1, out
+    write_jsonl(task / "test.jsonl", [{"sentence": r["text"], "id": "x", "label": r["label"]} for r in test])
+    rc = transfer_main(["--checkpoint", str(task / "run"), "--train", str(task / "test.jsonl"),
+                        "--test", str(task / "test.jsonl"), "--out", str(task / "out2")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    want = (
+        f"error: --train {task / 'test.jsonl'}: no column 'text' (--text-field); columns: sentence, id, label"
+    )
+    assert rc == 2 and len(err) == 1 and err[0].startswith(want), err

@@ -6,8 +6,10 @@ against the float64 reference (app/model/reference.py, autograd through a per-st
 shapes, in float64, float32 and bfloat16 (the bf16 Python core's own error beside it), a multi-tile shape, a
 right-padded batch against its rows run alone, and the dispatcher's choice. Prints one JSON object.
 
-`python tests/triton_checks.py compile`: Triton's real compiler builds every kernel for sm_90 (H100) in
-bf16 and fp32 with no GPU present; prints one JSON object (kernel -> cubin bytes), or {"skip": why}.
+`python tests/triton_checks.py tuning` / `faults` (TRITON_INTERPRET=1): the tuner's logic (every candidate
+checked against float64, then timed by a wall clock) and the failure paths: a grid barrier that "times out", a
+loop that raises at launch, a wrong loop, and cache entries that are corrupt, foreign or wrong; each must give
+the right answer through a fallback with one warning line.
 """
 
 from __future__ import annotations
@@ -167,88 +169,28 @@ def _padded(fn) -> list[float]:
     return errs
 
 
-def compile_sm90() -> dict:
-    """Both kernels, every way they run (a phase of a step with the product in it or read back from cuBLAS;
-    the persistent loop; the backward split over K), built by Triton's real compiler for an H100 with the
-    tiles the tuner picks for B64 H1024, in bf16 and fp32, with the argument divisibility the JIT specialises
-    on. Per build: cubin bytes, whether its K loop was software-pipelined (asynchronous copies) and whether
-    it uses Hopper's warpgroup MMA."""
-    import triton
-
-    from app.model import triton_kernels as k
-    from app.model.gpu_tuning import split_tiles, tiles_for
-
-    out = {}
-    for dt, ty, torch_dt in (("bf16", "*bf16", torch.bfloat16), ("fp32", "*fp32", torch.float32)):
-        base = tiles_for(64, 1024, torch_dt, sms=132, weights_in_l2=True)
-        split = split_tiles(base, 64, 1024, sms=132)
-        builds = [(kern, base, p, s, d, "dot" if d else "cublas") for kern in (k.mlstm_fwd, k.mlstm_bwd)
-                  for p, s, d in _WAYS]  # fmt: skip
-        builds += [(k.mlstm_bwd, split, p, s, True, "splitk") for p, s in ((2, False), (3, False), (0, True))]
-        for kern, t, phase, sync, dot, way in builds:
-            if kern is k.mlstm_fwd:
-                tiles = dict(BB_R=t.bb_r, BU_R=t.bu_r, BB_G=t.bb_g, BU_G=t.bu_g)
-            else:
-                tiles = dict(zip(("BB_H", "BU_H", "BB_M", "BU_M"), t.bwd()), SPLIT=t.split)
-            c = dict(PHASE=phase, SYNC=sync, USE_DOT=dot, BK=t.bk, UPCAST=False, ACC=triton.language.float32,
-                     PREC="ieee", CACHE=".cg" if sync else "", MAX_SPIN=1 << 22, **tiles)  # fmt: skip
-            ttgir, cubin = _build(kern, c, ty, t)
-            out[f"{kern.__name__}/phase{phase}/{way}/{dt}"] = {
-                "cubin": len(cubin),
-                "pipelined": "async_copy_global_to_local" in ttgir,
-                "wgmma": "warp_group_dot" in ttgir,
-            }
-    return out
-
-
-def _build(kern, consts: dict, ty: str, tiles) -> tuple[str, bytes]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sig = {n: "constexpr" if n in consts else ty if n in _OPERANDS else "*fp32" if n in _STATE else
-           "*i32" if n == "bar" else "i32" for n in kern.arg_names}  # fmt: skip
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
-             if sig[n].startswith("*") or n == "H"}  # fmt: skip
-    src = ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
-    opts = dict(num_warps=tiles.warps, num_stages=tiles.stages, enable_fp_fusion=True)
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    return cc.asm["ttgir"], cc.asm["cubin"]
-
-
-_WAYS = ((1, False, True), (2, False, True), (0, True, True), (1, False, False), (2, False, False))
-
-
 def tuning() -> dict:
-    """The tuner's own logic, in the interpreter (a wall clock for CUDA events): every loop timed each way,
-    their outputs checked against the cuBLAS loop's, a loop made to compute something else left out, the
-    whole op compared with the reference core, the choice logged once."""
+    """The tuner's own logic, in the interpreter (a wall clock for CUDA events): every loop checked against the
+    float64 reference and timed each way, a loop made to compute something else left out, the whole op
+    compared with the reference core, the choice logged once."""
     import logging
     import os
 
-    from app.model import gpu_loops, gpu_tuning
+    from app.model import gpu_tuning, gpu_verify
     from app.model.mlstm_core import MLSTMFunction
     from app.model.triton_core import TritonMLSTMFunction
 
     os.environ["MLSTM_GPU_LOOP"] = ""  # time them, as on a GPU
-    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP = 3, 1, 0
+    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP, gpu_verify.T_CHECK = 3, 1, 0, 3
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     dev = torch.device("cpu")
-    out: dict = {"choice": gpu_tuning._tune(3, 20, torch.float32, dev, backward=True).times}
-
-    class Wrong(gpu_loops.StepLoop):  # a loop that runs, fast, and gets the state wrong
-        name = "wrong"
-
-        def forward(self, b, B, T, H):
-            super().forward(b, B, T, H)
-            b["hs"][1:].neg_()
-
-    loops = gpu_tuning.candidates(3, 20, torch.float32, dev)
-    wrong = Wrong(loops[1].tiles)
+    out: dict = {"choice": gpu_tuning._tune(16, 20, torch.float32, dev, backward=True).times}
+    loops = gpu_tuning.candidates(16, 20, torch.float32, dev)
     times: dict = {}
-    bufs = gpu_tuning._tuning_buffers(3, 20, torch.float32, dev)
-    picked = gpu_tuning._fastest([loops[0], wrong], True, bufs, 3, 20, times)
-    out["wrong"] = {"picked": picked.name, "times": times}
+    ranked = gpu_tuning._rank(
+        [loops[0], _wrong(loops[1], "negated")], True, 16, 20, torch.float32, dev, times
+    )
+    out["wrong"] = {"ranked": [lp.name for lp in ranked], "times": times}
     x, w = torch.zeros(3, 2, 7), torch.zeros(20, 20)
     out["python"] = [
         gpu_tuning.prefers_reference(x, w, True, TritonMLSTMFunction, MLSTMFunction) for _ in range(2)
@@ -257,19 +199,121 @@ def tuning() -> dict:
     return out
 
 
-_OPERANDS = {"hs", "w_mh", "w_m", "ms", "prod_r", "prod_g", "dr", "w_mh_t", "w_m_t", "dp", "prod_h", "prod_m"}
-_STATE = {"cs", "pm", "pg", "rs", "gates", "tcs", "dy", "dc", "part"}
+def _wrong(loop, how: str):
+    """`loop` made to hand on a wrong forward: h negated, one batch row off by 10% (a localised error: one
+    tile), every output 3% off (a uniform drift), or the last, partial batch tile's rows left NaN."""
+
+    class Wrong(type(loop)):
+        name = f"wrong-{how}"
+
+        def forward(self, b, B, T, H):
+            super().forward(b, B, T, H)
+            hs = b["hs"][1:]
+            if how == "negated":
+                hs.neg_()
+            elif how == "row":
+                hs[:, B // 2].mul_(1.1)
+            elif how == "drift":
+                for n in ("hs", "cs", "rs", "ms", "gates", "tcs"):
+                    (b[n][1:] if n in ("hs", "cs") else b[n]).mul_(1.03)
+            else:  # the partial tile
+                hs[:, 16 * (B // 16) :] = float("nan")
+
+    wrong = object.__new__(Wrong)
+    wrong.__dict__.update(loop.__dict__)
+    return wrong
+
+
+def faults() -> dict:
+    """Each failure path in the interpreter, on a B5 H20 shape (partial tiles both ways; the checks' batch 15 of
+    the bucket's 16) in float64, forward and backward through the op, against the float64 reference: what the
+    user gets, the warning lines said, and the ranking left behind."""
+    import logging
+    import os
+
+    from app.common import faults as injected
+    from app.model import gpu_choice_cache, gpu_tuning, gpu_verify
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, r):
+            if r.levelno >= logging.WARNING:
+                records.append(r.getMessage())
+
+    logging.getLogger("app.model.gpu_tuning").addHandler(Keep())
+    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP, gpu_verify.T_CHECK = 2, 1, 0, 3
+    out: dict = {}
+
+    def case(name: str, loop: str, fault: dict | None = None, before=None) -> None:
+        os.environ["MLSTM_GPU_LOOP"] = loop
+        gpu_tuning._choices.clear()
+        injected._FAULTS.clear()
+        injected._FAULTS.update(fault or {})
+        injected._seen.clear()
+        if before:
+            before()
+        del records[:]
+        errs = _op_vs_reference(5, 3, 5, 20)
+        choice = next(iter(gpu_tuning._choices.values()))
+        out[name] = {"errors": errs, "warnings": list(records), "fwd": [lp.name for lp in choice.fwd_order],
+                     "bwd": [lp.name for lp in choice.bwd_order or []], "times": choice.times}  # fmt: skip
+
+    case("barrier_timeout_fwd", "persistent", {"barrier_timeout": {1}})
+    case("barrier_timeout_bwd", "persistent", {"barrier_timeout": {2}})
+    case("launch_error", "step", {"gpu_launch_error": {1}})
+    case("every_loop_fails", "step", {"gpu_launch_error": set(range(1, 20))})
+    cache = os.environ["MLSTM_CACHE_DIR"]
+
+    def corrupt() -> None:
+        os.makedirs(cache, exist_ok=True)
+        with open(os.path.join(cache, "gpu_loops.json"), "w") as f:
+            f.write("{not json")
+
+    def foreign() -> None:
+        _store_entry({"fwd": ["warp9"], "bwd": ["persistent"], "python": False})
+
+    case("cache_corrupt", "", before=corrupt)
+    case("cache_foreign", "", before=foreign)
+    # a cached ranking whose first loop is wrong here (a race on this GPU, another driver): caught by the check
+    # of a cache hit, and timed afresh, where the tuner's own check leaves it out
+    step_forward = gpu_tuning.StepLoop.forward
+
+    def wrong_step(self, b, B, T, H):
+        step_forward(self, b, B, T, H)
+        b["hs"][1:, -1].mul_(1.5)
+
+    def wrong_cached() -> None:
+        _store_entry({"fwd": ["step", "cublas"], "bwd": ["cublas"], "python": False})
+        gpu_tuning.StepLoop.forward = wrong_step
+
+    case("cache_wrong", "", before=wrong_cached)
+    gpu_tuning.StepLoop.forward = step_forward
+    case("cache_good", "")  # what the last case stored, read back and checked
+    out["cache_file"] = sorted(os.listdir(cache))
+    out["cache_key"] = gpu_choice_cache.device_label("cpu")
+    return out
+
+
+def _store_entry(entry: dict) -> None:
+    from app.model import gpu_choice_cache, gpu_tuning
+
+    gpu_choice_cache.store(16, 20, torch.float64, "cpu", gpu_tuning._code_files(), entry)
+
+
+def _op_vs_reference(B: int, T: int, D: int, H: int):
+    """The op's y and gradients in float64 against the reference, or the error it raised (one line)."""
+    from app.model.triton_core import TritonMLSTMFunction
+
+    x = torch.randn(B, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
+    ws = _weights(D, H, seed=H)
+    dy = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    try:
+        got = _run_core(TritonMLSTMFunction, x, ws, torch.float64, dy)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return max(_errors(got, _run_reference(x, ws, dy)))
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "parity":
-        print(json.dumps(parity()))
-    elif sys.argv[1] == "tuning":
-        print(json.dumps(tuning()))
-    else:
-        try:
-            import triton.compiler  # noqa: F401
-        except ImportError as e:
-            print(json.dumps({"skip": f"triton is not installed: {e}"}))
-            sys.exit(0)
-        print(json.dumps(compile_sm90()))
+    print(json.dumps({"parity": parity, "tuning": tuning, "faults": faults}[sys.argv[1]]()))

@@ -11,6 +11,8 @@ command (its language model: the fine-tuned one for a fine-tuned classifier), an
                          classifier.mean (d,) float32, classifier.scale (d,) float32,
                          classifier.weight (K', d), classifier.bias (K',)
     tokenizer.model      the SentencePiece model (absent for the byte tokenizer)
+    (config.json's "feature_preprocess", as an import's export has it: how a text is prepared before its
+    features are read; the tokenizer config carries it too, so transformers prepares texts alike)
     configuration_mlstm.py, modeling_mlstm.py, tokenization_mlstm.py, tokenizer_config.json,
     generation_config.json, README.md    as an export's (app.checkpoints.hf_format)
 
@@ -36,6 +38,7 @@ import torch
 from app.checkpoints.export_format import (
     CLASSIFIER_FORMAT,
     EXPORT_VERSION,
+    FEATURE_PREPROCESS_KEY,
     HEAD_PREFIX,
     WEIGHTS_FILE,
     read_export_config,
@@ -65,9 +68,11 @@ def write_classifier(
     tok_meta: dict,
     head: dict[str, np.ndarray],
     meta: dict,
+    preprocess: str = "none",
 ) -> Path:
     """Write (or replace) the classifier folder `out`: `lm_state` (the language model's weights, keys as an
-    export's), the head's tensors and `meta` (config.json's "classifier")."""
+    export's), the head's tensors and `meta` (config.json's "classifier"); `preprocess`: how the features
+    read a text (the source's `feature_preprocess`, kept for app/classify.py and transformers' tokenizer)."""
     tensors = {k: v.detach().float().cpu() for k, v in lm_state.items()}
     tensors |= {HEAD_PREFIX + k: torch.from_numpy(np.ascontiguousarray(head[k])) for k in HEAD_TENSORS}
     config = {
@@ -77,8 +82,9 @@ def write_classifier(
         "tokenizer": tok_meta,
         "classifier": meta,
         **hf_classifier_config(src.model_cfg, tok_meta, meta, int(head["weight"].shape[0])),
+        **({FEATURE_PREPROCESS_KEY: preprocess} if preprocess != "none" else {}),
     }
-    files = {**hf_files(tok_meta), "README.md": _card(meta).encode()}
+    files = {**hf_files(tok_meta, preprocess), "README.md": _card(meta).encode()}
     write_export(out, tensors, config, src.tokenizer_path, files)
     return out
 

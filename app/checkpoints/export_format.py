@@ -2,6 +2,7 @@
 
 model.safetensors   the full float32 weights, keys "{i}.{name}" (see app.model.lm)
 config.json         {"format": "mlstm-ds-export", "version": 1, model_config, tokenizer, step, ...}
+                    optional "feature_preprocess": "openai" (an import's: mlstm-import, docs/import.md)
 tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
 
 The same folder also loads with `transformers` (app.checkpoints.hf_format: more keys in config.json, a
@@ -29,6 +30,8 @@ HEAD_PREFIX = "classifier."  # a classifier's head tensors in its model.safetens
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
+FEATURE_PREPROCESS_KEY = "feature_preprocess"
+FEATURE_PREPROCESSES = ("none", "openai")  # what app.probing.features.prepare_texts does with each
 
 
 def is_export_dir(p: Path) -> bool:
@@ -47,6 +50,21 @@ def read_export_config(d: Path) -> dict:
     if not isinstance(cfg.get("tokenizer"), dict):
         raise UserError(f"{p}: no tokenizer entry")
     return cfg
+
+
+def feature_preprocess(path: Path) -> str:
+    """How texts are prepared before featurizing (app/transfer.py) with the model at `path`: the export
+    config's `feature_preprocess` ("none" when absent, and for a training checkpoint)."""
+    p = Path(path)
+    if not is_export_dir(p):
+        return "none"
+    value = read_export_config(p).get(FEATURE_PREPROCESS_KEY, "none")
+    if value not in FEATURE_PREPROCESSES:
+        raise UserError(
+            f"{p / CONFIG_FILE}: {FEATURE_PREPROCESS_KEY} must be one of {', '.join(FEATURE_PREPROCESSES)}, "
+            f"got {value!r}"
+        )
+    return value
 
 
 def weight_shapes(d: Path, head: bool = False) -> dict[str, tuple[int, ...]]:

@@ -69,8 +69,9 @@ def hf_classifier_config(model_cfg: ModelConfig, tok_meta: dict, meta: dict, out
     }
 
 
-def hf_files(tok_meta: dict) -> dict[str, bytes]:
-    """Remote code, tokenizer and generation configs: file name -> content."""
+def hf_files(tok_meta: dict, feature_preprocess: str = "none") -> dict[str, bytes]:
+    """Remote code, tokenizer and generation configs: file name -> content. `feature_preprocess`: a
+    classifier's (its tokenizer prepares each text as app/probing/features.prepare_texts does)."""
     files = {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES}
     tokenizer_config = {
         "tokenizer_class": "MultiplicativeLSTMTokenizer",
@@ -80,6 +81,7 @@ def hf_files(tok_meta: dict) -> dict[str, bytes]:
         "padding_side": "left",  # batched generation: the recurrent state skips the pads in front
         "split_special_tokens": True,  # "<s>" in a text is text, as in mlstm-ds's own tokenizers
         "model_max_length": 10**9,  # a recurrent model has no context limit
+        **({"feature_preprocess": feature_preprocess} if feature_preprocess != "none" else {}),
     }
     generation_config = {
         "bos_token_id": tok_meta["bos_id"],

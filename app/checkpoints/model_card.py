@@ -69,8 +69,10 @@ def _training_section(config: dict | None, step: int | None, layout: dict | None
             f"- optimizer: {opt.get('type')}, learning rate {params.get('lr')}, weight decay "
             f"{params.get('weight_decay', 0)}, gradient clipping {ds.get('gradient_clipping', 'none')}"
         )
+    # the schedule in force (a budgeted run's, decided after its first steps); else the run's settings
+    warmup = _dict(config.get("schedule")).get("warmup_steps", train.get("warmup_steps"))
     lines.append(
-        f"- schedule: {train.get('warmup_steps')} warm-up steps, then {train.get('lr_decay')} decay to "
+        f"- schedule: {warmup} warm-up steps, then {train.get('lr_decay')} decay to "
         f"{train.get('min_lr_ratio')} x the learning rate"
     )
     return (
@@ -116,6 +118,12 @@ def _data_section(config: dict | None, meta: dict | None) -> str:
             f"to {_num(meta.get('max_seq_len'), ',')} tokens; {_num(meta.get('bytes_per_token'), '.3f')} bytes "
             "per token (train)."
         )
+        long = _dict(docs.get("long_documents_cut"))
+        if long.get("documents"):
+            lines.append(
+                f"{_num(long.get('parts'), ',')} of the documents are parts of {_num(long.get('documents'), ',')} "
+                f"longer one(s), cut at line ends every {_num(long.get('part_chars'), ',')} characters."
+            )
     rows = [
         [str(k), *(_num(_dict(s).get(f), ",") for f in ("docs", "examples", "tokens", "bytes"))]
         for k, s in splits.items()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import pickle
+import struct
 from pathlib import Path
 
 import torch
@@ -52,7 +53,7 @@ def load_weights_only(path: Path, allowed: list, holds: str, hint: str, mmap: bo
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:  # weights_only refuses the first global it does not allow
         raise UserError(f"{path}: refused to load: {holds} ({_refusal(e)}); {hint}") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
+    except (RuntimeError, OSError, EOFError, ValueError, struct.error, IndexError) as e:  # damaged bytes
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         raise UserError(f"{path}: unreadable or corrupt checkpoint file ({first})") from None
 

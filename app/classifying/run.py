@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
 from app.classifying.config import ClassifyConfig
 from app.classifying.inputs import Input, Row
@@ -78,6 +79,7 @@ class Classify:
                 raise UserError(str(e)) from None
             self.kind, self.max_tokens = cfg.features, 0
         self.tokenizer = self.src.tokenizer()
+        self.preprocess = feature_preprocess(self.src.path)  # an import's "openai": as transfer read them
         self.cols = self._columns()
         self.device = self._device()
         work = cfg.work_dir or f"{cfg.output or cfg.features_out}.parts"
@@ -114,7 +116,7 @@ class Classify:
             "text_field": c.text_field,
             "keep_fields": c.keep_fields,
             "model": {"path": str(self.src.path.resolve()), "files": folder_identity(self.src.path)},
-            "features": [self.kind, self.layers, self.max_tokens],
+            "features": [self.kind, self.layers, self.max_tokens, self.preprocess],
             "output": c.output_kind(),
             "features_out": c.features_out is not None,
             "neurons": self.cols.neurons if self.cols else [],
@@ -190,7 +192,7 @@ class Classify:
     def classify(self, model, rows: list[Row]) -> tuple[bytes | None, np.ndarray | None, dict]:
         """One chunk -> (its output part, its features, its record)."""
         good = [r for r in rows if r.text is not None]
-        ids = token_ids(self.tokenizer, [r.text for r in good])
+        ids = token_ids(self.tokenizer, [r.text for r in good], self.preprocess)
         if self.max_tokens:
             ids = [s[: self.max_tokens] for s in ids]
         good, ids = self._too_long(good, ids)

@@ -224,7 +224,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
-        help_text = _help_text(docs.get(f.name, ""), flag, default)
+        help_text = _help_text(docs.get(f.name, ""), flag, default).replace("%", "%%")  # argparse formats it
         kw: dict[str, Any] = dict(dest=f.name, default=None, help=help_text)
         if tp is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)

@@ -20,6 +20,10 @@ MLSTM_DS_FAULTS is a comma-separated list of:
                        and waits to be killed, so a test's SIGKILL lands mid-run however fast the parts are
     peak_divide=N      the matmul peak each rank times at start is divided by N, as a peak timed while other
                        work held the core reads low (the MFU guard's test)
+    barrier_timeout=N  the N-th launch (1-based, repeatable) of a persistent GPU loop in this process finds its
+                       grid barrier's failure flag set, as when its programs were not all resident
+    gpu_launch_error=N the N-th run (1-based, repeatable) of a GPU loop in this process raises at launch, as a
+                       kernel the device refuses (too many resources, a cooperative grid too large)
 """
 
 from __future__ import annotations
@@ -106,6 +110,25 @@ def shard_write(nbytes: int) -> None:
 def kill_worker(block: int) -> None:
     if block in _FAULTS.get("kill_worker_at_block", set()):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_seen: dict[str, int] = {}
+
+
+def _nth(fault: str) -> bool:
+    """Counts this call towards `fault`; whether it is one of the calls the fault names."""
+    if fault not in _FAULTS:
+        return False
+    _seen[fault] = _seen.get(fault, 0) + 1
+    return _seen[fault] in _FAULTS[fault]
+
+
+def barrier_times_out() -> bool:
+    return _nth("barrier_timeout")
+
+
+def gpu_launch_fails() -> bool:
+    return _nth("gpu_launch_error")
 
 
 def peak_divisor() -> int:

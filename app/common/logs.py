@@ -13,14 +13,17 @@ import io
 import logging
 import os
 import sys
+import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _NOISY = ("DeepSpeed", "deepspeed", "torch.distributed", "datasets", "wandb", "urllib3", "filelock")
 FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(message)s"
 # app loggers that speak at INFO although the rest of app/ stays at WARNING: each says once what was chosen
 ANNOUNCE = ("app.model.core", "app.model.gpu_tuning", "app.parallel.engine")
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+HEARTBEAT_S = 20.0  # long work says how far it is at least this often in a log: never silent over 30 s
 
 
 def rank() -> int:
@@ -121,3 +124,82 @@ def progress_bar(total: int | None, desc: str, unit: str):
         total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=False, file=sys.stderr,
         disable=not sys.stderr.isatty(),
     )  # fmt: skip
+
+
+def heartbeat_s() -> float:
+    """Seconds between the lines of long work in a log (HEARTBEAT_S; MLSTM_HEARTBEAT_S overrides it)."""
+    raw = os.environ.get("MLSTM_HEARTBEAT_S", "")
+    try:
+        return float(raw) if raw and float(raw) > 0 else HEARTBEAT_S
+    except ValueError:
+        return HEARTBEAT_S
+
+
+class Progress:
+    """Long work's progress, said where it is seen: a tqdm bar on a terminal; in a log file or a pipe, a line
+    at least every `heartbeat_s()` seconds (`desc: 3/10 texts, 41 s`), written from a timer thread, so one
+    slow unit of work is no silence either. `say` writes a line (default: the `mlstm` logger's info).
+
+        with Progress(len(docs), "stream", "doc") as p:
+            for doc in docs:
+                ...
+                p.update()
+    """
+
+    def __init__(
+        self,
+        total: int | None,
+        desc: str,
+        unit: str,
+        say: Callable[[str], None] | None = None,
+        bar: bool = True,
+    ) -> None:
+        """`total` None: a count with no end known; `bar` False: lines only, on a terminal too."""
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.say = say or get_logger().info
+        self.bar = progress_bar(total, desc, unit) if bar else None
+        self.t0 = time.monotonic()
+        self._done = threading.Event()
+        self._thread = None
+        if self.bar is None or self.bar.disable:  # no terminal: the lines are the log
+            self._thread = threading.Thread(target=self._beat, name=f"progress {desc}", daemon=True)
+            self._thread.start()
+
+    def status(self) -> str:
+        seconds = f"{time.monotonic() - self.t0:.0f} s"
+        if self.total is None and self.n == 0:
+            return f"{self.desc}: {seconds} so far"
+        of = f"/{self.total}" if self.total else ""
+        return f"{self.desc}: {self.n}{of} {self.unit}s, {seconds}"
+
+    def _beat(self) -> None:
+        while not self._done.wait(heartbeat_s()):
+            self.say(self.status())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, say: Callable[[str], None] | None = None) -> Iterator[Progress]:
+    """Work with nothing to count (a check, a fit): `desc` said when it starts, and `desc: N s so far` at
+    least every heartbeat_s() until it ends (a terminal too: there is no bar to watch)."""
+    p = Progress(None, desc, "step", say, bar=False)
+    p.say(f"{desc} ...")
+    with p:
+        yield p

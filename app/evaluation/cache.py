@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from app.common.logs import Progress
 from app.evaluation.mixture import mixture_nats, posterior
 from app.generation.decoder import Decoder
 
@@ -91,9 +92,11 @@ def cache_nats(
     chunk: int,
     window: int,
     settings: list[tuple[float, float]],
+    progress: Progress | None = None,
 ) -> CacheResult:
     """Each sequence's tokens (targets) predicted from [BOS] and everything before them, with the model's
-    state carried and the cache of the last `window` (output, next token) pairs."""
+    state carried and the cache of the last `window` (output, next token) pairs. `progress` counts the
+    tokens scored."""
     t0 = time.perf_counter()
     totals = torch.zeros(len(settings), dtype=torch.float64)
     tokens = 0
@@ -124,6 +127,8 @@ def cache_nats(
                 )
                 totals += nats.sum(0).cpu()
             keys, values = keys[-window:], values[-window:]
+            if progress is not None:
+                progress.update(len(tgt))
         tokens += len(targets)
     return CacheResult(tuple(settings), tuple(totals.tolist()), tokens, time.perf_counter() - t0)
 

@@ -14,8 +14,8 @@ Split = Literal["train", "validation", "test"]  # data_prep.format.SPLITS, spell
 @dataclass(kw_only=True, slots=True)
 class EvalConfig:
     checkpoint: str = ""
-    """A run directory (its latest complete checkpoint), its checkpoints/ folder, a step_XXXXXXXX folder, or
-    an export folder."""
+    """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
+    loss), its checkpoints/ folder, a step_XXXXXXXX folder, or an export folder."""
     data: str | None = None
     """Prepared data directory (python -m data_prep) whose --split is evaluated; needs the checkpoint's
     tokenizer."""

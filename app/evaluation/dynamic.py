@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from app.common.logs import Progress
 from app.evaluation.mixture import mixture_nats, posterior
 from app.model.lm import LanguageModel
 
@@ -100,14 +101,19 @@ class DynamicEvaluator:
             p.add_(rate * (p0 - p) - lr * g / (r + EPS))
             p.grad = None
 
-    def sequence(self, ids: list[int] | torch.Tensor, lr: float | None) -> float:
+    def sequence(
+        self, ids: list[int] | torch.Tensor, lr: float | None, progress: Progress | None = None
+    ) -> float:
         """Summed nats of predicting ids[1:] (ids[0] is BOS), segment by segment with the state carried;
-        the weights adapt after each segment with step size `lr` (None: static weights)."""
+        the weights adapt after each segment with step size `lr` (None: static weights). `progress`
+        counts the tokens scored."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.model.embedding.weight.device).view(1, -1)
         state = [layer.init_state(1, ids.device) for layer in self.model.recurrent]
         total = 0.0
         for start in range(0, ids.shape[1] - 1, self.segment):
             seg = ids[:, start : start + self.segment + 1]  # (1, S + 1): S targets
+            if progress is not None:
+                progress.update(seg.shape[1] - 1)
             if lr is None:
                 with torch.no_grad():
                     nats, state = self._segment(seg, state)
@@ -127,17 +133,17 @@ class DynamicEvaluator:
                 ms.zero_()
         self.updates = 0
 
-    def evaluate(self, sequences: list) -> DynamicResult:
+    def evaluate(self, sequences: list, progress: Progress | None = None) -> DynamicResult:
         """Every sequence (BOS first) with static weights and state carried, then, for each step size,
         adapting from θ0 in order (the weights keep adapting across sequences: they are one text read in
-        order)."""
+        order). `progress` counts the tokens scored: the text's, 1 + len(self.lrs) times."""
         self.reset()
         t0 = time.perf_counter()
-        carried = sum(self.sequence(s, None) for s in sequences)
+        carried = sum(self.sequence(s, None, progress) for s in sequences)
         t1 = time.perf_counter()
         learners = []
         for lr in self.lrs:
-            learners.append(sum(self.sequence(s, lr) for s in sequences))
+            learners.append(sum(self.sequence(s, lr, progress) for s in sequences))
             self.reset()
         tokens = sum(len(s) - 1 for s in sequences)
         return DynamicResult(carried, self.lrs, tuple(learners), tokens, t1 - t0, time.perf_counter() - t1)

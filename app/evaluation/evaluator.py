@@ -7,6 +7,7 @@ training, and reports exact numbers per source.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,7 +23,7 @@ from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
 from app.common.errors import UserError
-from app.common.logs import get_logger
+from app.common.logs import Progress, get_logger, heartbeat
 from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
 from app.evaluation.cache import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.evaluation.compressors import compressed_bits_per_byte
@@ -223,7 +224,13 @@ class Evaluator:
             c = self.cfg
             self.dynamic = DynamicEvaluator(self.src.load_model(), c.dyn_lr, c.dyn_decay, c.dyn_segment)
 
-    def _run(self, store: TokenStore, bounds: list[int]) -> EvalResult:
+    def _progress(
+        self, total: int, desc: str, unit: str
+    ) -> contextlib.AbstractContextManager[Progress | None]:
+        """Rank 0's progress of one pass (a bar on a terminal, a line at least every 20 s in a log)."""
+        return Progress(total, desc, unit) if self.rank == 0 else contextlib.nullcontext()
+
+    def _run(self, store: TokenStore, bounds: list[int], desc: str) -> EvalResult:
         lay = self.layout
         sched = BucketSchedule(
             store,
@@ -234,11 +241,15 @@ class Evaluator:
             seed=0,
             shuffle=False,
         )
-        return evaluate(self.engine, sched, store, self.tokenizer.bos_id, self.tokenizer.pad_id)[0]
+        t = self.tokenizer
+        with self._progress(sched.steps_per_epoch, desc, "batch") as p:
+            return evaluate(self.engine, sched, store, t.bos_id, t.pad_id, progress=p)[0]
 
     def _with_dynamic(self, row: dict, sequences: list, num_bytes: int) -> dict:
         """Add the dynamic-evaluation fields (and the gain over `row`'s static bits/byte) to `row`."""
-        dyn = dynamic_fields(self.dynamic.evaluate(sequences), num_bytes)
+        total = (1 + len(self.cfg.dyn_lr)) * sum(len(s) - 1 for s in sequences)  # each learner reads them all
+        with self._progress(total, f"dynamic {row['name']}", "token") as p:
+            dyn = dynamic_fields(self.dynamic.evaluate(sequences, p), num_bytes)
         dyn["dyn gain %"] = 100.0 * (1.0 - dyn["dynamic"] / row["bits/byte"])
         row.update(dyn)
         return dyn
@@ -250,16 +261,27 @@ class Evaluator:
         -> the fields added."""
         t, c = self.tokenizer, self.cfg
         out: dict = {}
+        tokens = sum(len(s) for s in seqs)
         if c.stream:
-            res = stream_nats(self.decoder, seqs, t.bos_id, t.pad_id, c.text_chunk_len)
+            with self._progress(tokens, f"stream {row['name']}", "token") as p:
+                res = stream_nats(self.decoder, seqs, t.bos_id, t.pad_id, c.text_chunk_len, progress=p)
             out |= stream_fields(res, num_bytes)
         if c.cache:
             grid = [(lam, theta) for lam in c.cache_lambda for theta in c.cache_theta]
-            res = cache_nats(self.decoder, seqs, t.bos_id, c.text_chunk_len, c.cache_window, grid)
+            with self._progress(tokens, f"cache {row['name']}", "token") as p:
+                res = cache_nats(self.decoder, seqs, t.bos_id, c.text_chunk_len, c.cache_window, grid, p)
             out |= cache_fields(res, num_bytes)
             out["cache gain %"] = 100.0 * (1.0 - out["cache"] / row["bits/byte"])
         row.update(out)
         return out
+
+    def _compressed(self, documents: list[np.ndarray], split: str) -> dict[str, float]:
+        """gzip/bzip2/xz bits/byte on the split's raw text: its documents decoded (data prep's tokenizers are
+        lossless), which are the bytes its bits/byte counts."""
+        t = self.tokenizer
+        raw = b"".join(t.decode(doc[doc != t.eos_id]).encode() for doc in documents)
+        with heartbeat(f"compressing the {split} split ({len(raw):,} bytes) with gzip, bzip2 and xz"):
+            return compressed_bits_per_byte(raw)
 
     def run(self) -> tuple[dict, list[dict]]:
         """-> (the JSON result, one table row per evaluated source)."""
@@ -279,13 +301,16 @@ class Evaluator:
         }
         if self.data is not None:
             store = self.store
-            res = self._run(store, self.data.meta["buckets"])
+            res = self._run(store, self.data.meta["buckets"], f"{cfg.split} split")
             result.update({"data": str(self.data.path), "split": cfg.split, **res.as_dict(cfg.split)})
             rows.append(_row(f"{cfg.split} split", res))
-            if self.decoder is not None:  # the documents are built where they are read
-                streams = self._with_streams(
-                    rows[-1], split_documents(store, self.tokenizer.eos_id), res.num_bytes
-                )
+            documents = split_documents(store, self.tokenizer.eos_id) if self.rank == 0 else []
+            if self.rank == 0:  # the compressors on the split's text, as the model's bits/byte count it
+                squeezed = self._compressed(documents, cfg.split)
+                rows[-1].update(squeezed)
+                result.update({f"{cfg.split}/{k}": v for k, v in squeezed.items()})
+            if self.decoder is not None:  # the documents are read where they were built: rank 0
+                streams = self._with_streams(rows[-1], documents, res.num_bytes)
                 result.update({f"{cfg.split}/{k}": v for k, v in streams.items()})
             if self.dynamic is not None:
                 seqs = [[self.tokenizer.bos_id, *store.ids(i).tolist()] for i in range(len(store))]
@@ -293,7 +318,7 @@ class Evaluator:
                 result.update({f"{cfg.split}/{k}": v for k, v in dyn.items()})
         result["texts"] = []
         for (name, raw, _), ids in zip(self.texts, self.ids, strict=True):
-            res = self._run(text_store(self.tokenizer, ids, cfg.text_chunk_len), [cfg.text_chunk_len])
+            res = self._run(text_store(self.tokenizer, ids, cfg.text_chunk_len), [cfg.text_chunk_len], name)
             res = EvalResult(res.nats, res.tokens, len(raw))  # the file's bytes, what the compressors see
             row = {**_row(name, res), **compressed_bits_per_byte(raw)}
             if self.decoder is not None:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from app.batching.buckets import BucketSchedule, TokenStore, collate
+from app.common.logs import Progress
 from app.parallel.engine import Engine
 
 
@@ -46,10 +47,12 @@ def evaluate(
     pad_id: int,
     max_steps: int = 0,
     head_steps: int = 0,
+    progress: Progress | None = None,
 ) -> tuple[EvalResult, EvalResult]:
     """Evaluate the split behind `sched` (built with shuffle=False); `max_steps` > 0 caps the work.
     Returns the result and the result over its first `head_steps` batches (all of them when 0): the
-    figure a periodic evaluation capped at `head_steps` gives, so a full one compares with it."""
+    figure a periodic evaluation capped at `head_steps` gives, so a full one compares with it.
+    `progress` counts the global batches done."""
     steps = sched.epoch(0)
     if max_steps:
         steps = steps[:max_steps]
@@ -63,5 +66,7 @@ def evaluate(
         nats += engine.eval_step(batches, per_rank=len(mine))
         tokens += sum(mb.tokens for mb in step)
         nbytes += sum(mb.num_bytes for mb in step)
+        if progress is not None:
+            progress.update()
     res = EvalResult(nats, tokens, nbytes)
     return res, head or res

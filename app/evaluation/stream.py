@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from app.batching.buckets import TokenStore, shifted_batch
 from app.batching.carry_schedule import chains
+from app.common.logs import Progress
 from app.generation.decoder import Decoder
 from app.model.loss import IGNORE_INDEX
 
@@ -34,7 +35,13 @@ class StreamResult:
 
 @torch.no_grad()
 def stream_nats(
-    decoder: Decoder, sequences: list[np.ndarray], bos_id: int, pad_id: int, chunk: int, rows: int = 8
+    decoder: Decoder,
+    sequences: list[np.ndarray],
+    bos_id: int,
+    pad_id: int,
+    chunk: int,
+    rows: int = 8,
+    progress: Progress | None = None,
 ) -> StreamResult:
     """Each sequence's tokens (targets: no BOS, EOS last when it ends a document) predicted from [BOS] and
     everything before them, the state carried across chunks of `chunk` positions; `rows` sequences per
@@ -51,6 +58,8 @@ def stream_nats(
             logits = logits.flatten(0, 1)  # (B * C, V), at least float32
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             nats += float(F.cross_entropy(logits, tgt.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
+            if progress is not None:  # the tokens scored
+                progress.update(int((tgt != IGNORE_INDEX).sum()))
         tokens += int((targets != IGNORE_INDEX).sum())
     return StreamResult(nats, tokens, time.perf_counter() - t0)
 

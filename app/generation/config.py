@@ -18,7 +18,8 @@ from app.model.memory import activation_floats_per_token
 @dataclass(kw_only=True, slots=True)
 class GenerateConfig:
     checkpoint: str = ""
-    """A run directory, its checkpoints/ folder, one step_XXXXXXXX folder, or an export folder."""
+    """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
+    loss), its checkpoints/ folder, one step_XXXXXXXX folder, or an export folder."""
     prompt: str | None = None
     """Prompt text (default: empty, i.e. sample from the start of a document); `-` reads it from stdin (one
     trailing newline dropped)."""

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 
+from app.common.logs import Progress
 from app.common.toolchain import build_directory, build_lock, use_environment_scripts
 from app.model import matmul
 from app.model.matmul import grad_weight, linear
@@ -107,7 +108,9 @@ def fused_ops():
     with _lock:
         if "ops" not in _state and "error" not in _state:
             try:
-                _build()
+                # a first build takes tens of seconds (minutes on a loaded machine): said every heartbeat
+                with Progress(None, "the fused CPU core: building its C++ extension, once", "s", bar=False):
+                    _build()
                 _state["ops"] = torch.ops.mlstm_cpu
                 _register_packed(torch.ops.mlstm_cpu.isa(-1))
             except Exception as e:  # any compiler / toolchain failure: fall back, say so once

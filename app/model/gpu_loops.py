@@ -7,8 +7,9 @@
                 (USE_DOT off: only their epilogues run); replayed as a CUDA graph
     persistent  ONE launch per sequence each way: a cooperative grid of at most the SM count loops over
                 the steps with a grid barrier between phases; no graph, nothing captured per length
-    splitk      the persistent loop, its backward's K = 4H phase split over K (a third phase sums the
-                slices, in a fixed order): a backward-only candidate
+    splitk      the persistent loop, its backward's K = 4H phase on whole-batch x 64-unit tiles, split over K
+                where that fills the SMs (a third phase sums the slices, in a fixed order): a backward-only
+                candidate
 
 Buffers (dicts of tensors; forward: hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs; backward: dr, w_mh_t,
 w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm) are described in triton_kernels.py. Graphs: one per (loop,
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from app.common import faults
+from app.model.gpu_tiles import Tiles, interpreting
+
 GRAPH_CACHE = int(os.environ.get("MLSTM_GRAPH_CACHE", "64"))
 MAX_ARENAS = 4  # (loop, direction, B, H, dtype, device) shapes whose buffers are kept for their graphs
 MAX_SPIN = 1 << 22  # grid-barrier polls before a program gives up (seconds of waiting, never forever)
@@ -39,48 +43,14 @@ TIME_PLUS_ONE = ("hs", "cs")  # (T + 1, B, ...): step 0's state first
 TIMED = ("pm", "pg", "rs", "ms", "gates", "tcs", "dy", "dp", "dr")  # (T, B, ...)
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+class BarrierTimeout(RuntimeError):
+    """A persistent launch's grid barrier gave up (its programs were not all resident): its outputs are garbage."""
 
 
 def _k():
     from app.model import triton_kernels
 
     return triton_kernels
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """Tile sizes of the phases (batch rows BB, units BU; a forward phase-2 / backward phase-1 tile holds 4 BU
-    weight rows), the K step, the launch's warps and pipeline depth. The backward's phase 1 (and phase 3)
-    takes the forward phase 1's tiles, its phase 2 `bb_m` x `bu_m` (0: the forward phase 2's), split `split`
-    ways over K (1: not split)."""
-
-    bb_r: int
-    bu_r: int
-    bb_g: int
-    bu_g: int
-    bk: int
-    warps: int = 4
-    stages: int = 3
-    bb_m: int = 0
-    bu_m: int = 0
-    split: int = 1
-
-    def n_r(self, B: int, H: int) -> int:
-        return -(-B // self.bb_r) * -(-H // self.bu_r)
-
-    def n_g(self, B: int, H: int) -> int:
-        return -(-B // self.bb_g) * -(-H // self.bu_g)
-
-    def bwd(self) -> tuple[int, int, int, int]:
-        """(BB_H, BU_H, BB_M, BU_M)."""
-        return self.bb_r, self.bu_r, self.bb_m or self.bb_g, self.bu_m or self.bu_g
-
-    def n_m(self, B: int, H: int) -> int:
-        """Programs of the backward's phase 2 (its output tiles times the K slices)."""
-        _, _, bb, bu = self.bwd()
-        return -(-B // bb) * -(-H // bu) * self.split
 
 
 def _precision(dtype: torch.dtype) -> dict:
@@ -95,14 +65,28 @@ def _precision(dtype: torch.dtype) -> dict:
     )
 
 
-def _fwd_args(b: dict, prod_r, prod_g, bar):
-    return (b["hs"], b["cs"], b["w_mh"], b["w_m"], b["pm"], b["pg"], b["rs"], b["ms"], b["gates"], b["tcs"],
-            prod_r, prod_g, bar)  # fmt: skip
+def fwd_args(b: dict, *, prod_r=None, prod_g=None, bar=None) -> dict:
+    """mlstm_fwd's tensors by name (the kernels take them by keyword: a misordered one cannot alias another);
+    None for a pointer this launch does not read."""
+    names = ("hs", "cs", "w_mh", "w_m", "pm", "pg", "rs", "ms", "gates", "tcs")
+    return {**{n: b[n] for n in names}, "prod_r": prod_r, "prod_g": prod_g, "bar": bar}
 
 
-def _bwd_args(b: dict, prod_h, prod_m, bar):
-    return (b["dr"], b["w_mh_t"], b["w_m_t"], b["dy"], b["gates"], b["cs"], b["tcs"], b["dc"], b["dp"],
-            b["rs"], b["pm"], prod_h, prod_m, b.get("part", prod_h), bar)  # fmt: skip
+def bwd_args(b: dict, *, prod_h=None, prod_m=None, bar=None) -> dict:
+    """mlstm_bwd's tensors by name; `part` (the K slices of a split phase) where the loop has it."""
+    names = ("dr", "w_mh_t", "w_m_t", "dy", "gates", "cs", "tcs", "dc", "dp", "rs", "pm")
+    return {**{n: b[n] for n in names}, "prod_h": prod_h, "prod_m": prod_m, "part": b.get("part"), "bar": bar}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kind of kernel launch a loop makes: the kernel (forward or backward), the phases it runs, whether
+    its programs synchronise (the persistent loop) and whether it computes its products (off: cuBLAS did)."""
+
+    fwd: bool
+    phases: int
+    sync: bool = False
+    use_dot: bool = True
 
 
 class Loop:
@@ -111,6 +95,7 @@ class Loop:
     name = "loop"
     graphed = False
     directions = ("fwd", "bwd")  # the directions the tuner times it in
+    use_dot = True
 
     def __init__(self, tiles: Tiles) -> None:
         self.tiles = tiles
@@ -118,30 +103,63 @@ class Loop:
     def __repr__(self) -> str:
         return f"{self.name}{self.tiles}"
 
-    def _consts(self, dtype: torch.dtype, phase: int, sync: bool, use_dot: bool, fwd: bool) -> dict:
-        t = self.tiles
-        if fwd:
-            tiles = dict(BB_R=t.bb_r, BU_R=t.bu_r, BB_G=t.bb_g, BU_G=t.bu_g)
+    def launches(self) -> list[Launch]:
+        """Every kind of launch this loop makes (its forward's and backward's): what it runs, and what the
+        compile test and bench/kernel_report.py build."""
+        k = _k()
+        fwd = [Launch(True, p, use_dot=self.use_dot) for p in k.FWD_PHASES]
+        bwd = [
+            Launch(False, p, use_dot=self.use_dot) for p in k.BWD_PHASES[: 3 if self.tiles.split > 1 else 2]
+        ]
+        return fwd + bwd
+
+    def consts(self, dtype: torch.dtype, launch: Launch) -> dict:
+        """The constexprs and launch options of `launch` in `dtype`. What the launch does not use is given a
+        fixed value (the tiles of a phase it does not run; the K step and precision where it computes no
+        product), so launches that differ only there share one compiled kernel."""
+        k, t = _k(), self.tiles
+        if launch.fwd:
+            r, g = launch.phases & k.FWD_PHASES[0], launch.phases & k.FWD_PHASES[1]
+            tiles = dict(BB_R=t.bb_r if r else 16, BU_R=t.bu_r if r else 16, BB_G=t.bb_g if g else 16,
+                         BU_G=t.bu_g if g else 16)  # fmt: skip
         else:
-            tiles = dict(zip(("BB_H", "BU_H", "BB_M", "BU_M"), t.bwd()), SPLIT=t.split)
-        cache = ".cg" if sync and not interpreting() else ""
+            dh, dm, sm = (launch.phases & p for p in k.BWD_PHASES)
+            bb_h, bu_h, bb_m, bu_m = t.bwd()
+            tiles = dict(BB_H=bb_h if dh or sm else 16, BU_H=bu_h if dh or sm else 16,
+                         BB_M=bb_m if dm else 16, BU_M=bu_m if dm else 16, SPLIT=t.split)  # fmt: skip
+        cache = ".cg" if launch.sync and not interpreting() else ""
+        prec = _precision(dtype)
+        bk, stages = (t.bk, t.stages) if launch.use_dot else (16, 1)
+        if not launch.use_dot:
+            prec["PREC"] = "ieee"
         # fp fusion stated (Triton's default, which 3.9+ warns it will change): the tests and timings hold for it
-        launch = {} if interpreting() else dict(num_warps=t.warps, num_stages=t.stages, enable_fp_fusion=True)
-        return dict(PHASE=phase, SYNC=sync, USE_DOT=use_dot, BK=t.bk, CACHE=cache, MAX_SPIN=MAX_SPIN,
-                    **tiles, **_precision(dtype), **launch)  # fmt: skip
+        opts = {} if interpreting() else dict(num_warps=t.warps, num_stages=stages, enable_fp_fusion=True)
+        if opts and launch.use_dot and dtype == torch.float32 and prec["PREC"] == "ieee":
+            # fp32's FMA products: left to itself ptxas held them to 96 registers and spilled (24 bytes at B64
+            # H1024); allowed the whole file it takes what it needs (154, no spill: bench/kernel_report.py)
+            opts["maxnreg"] = 255
+        return dict(PHASES=launch.phases, SYNC=launch.sync, USE_DOT=launch.use_dot, BK=bk, CACHE=cache,
+                    MAX_SPIN=MAX_SPIN, **tiles, **prec, **opts)  # fmt: skip
+
+    def kernel_args(self, b: dict, fwd: bool) -> dict:
+        """The kernel's tensors by name for this loop (its products' scratch where it computes them)."""
+        return fwd_args(b, prod_g=b["z"]) if fwd else bwd_args(b, prod_h=b["dh"])
+
+    def programs(self, launch: Launch, B: int, H: int) -> int:
+        t = self.tiles
+        if launch.fwd:
+            return t.n_r(B, H) if launch.phases == _k().FWD_PHASES[0] else t.n_g(B, H)
+        return t.n_m(B, H) if launch.phases == _k().BWD_PHASES[1] else t.n_h(B, H)
 
     def scratch(self, B: int, H: int, dtype: torch.dtype, device) -> dict:
-        """Per-loop work buffers (no time axis), made once per arena or call: the K slices of a split phase."""
-        if self.tiles.split == 1:
-            return {}
-        acc = torch.float64 if dtype == torch.float64 else torch.float32  # the kernels' accumulator dtype
-        return dict(part=torch.empty(self.tiles.split, B, H, dtype=acc, device=device))
-
-    def bwd_phases(self, B: int, H: int) -> list[tuple[int, int]]:
-        """(phase, programs) of one backward step run phase by phase."""
-        t = self.tiles
-        phases = [(1, t.n_r(B, H)), (2, t.n_m(B, H))]
-        return phases + ([(3, t.n_r(B, H))] if t.split > 1 else [])
+        """Per-loop work buffers (no time axis), made once per arena or call, in the kernels' accumulator dtype:
+        a step's products for their epilogues to read back (z (B, 4H) forward, dh (B, H) backward; each program
+        reads only its own tiles of them) and the K slices of a split phase."""
+        kw = dict(dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        out = dict(z=torch.empty(B, 4 * H, **kw), dh=torch.empty(B, H, **kw))
+        if self.tiles.split > 1:
+            out["part"] = torch.empty(self.tiles.split, B, H, **kw)
+        return out
 
 
 class StepLoop(Loop):
@@ -151,24 +169,19 @@ class StepLoop(Loop):
     graphed = True
 
     def forward(self, b: dict, B: int, T: int, H: int) -> None:
-        k, t_ = _k(), self.tiles
-        c1 = self._consts(b["w_mh"].dtype, 1, False, True, True)
-        c2 = self._consts(b["w_mh"].dtype, 2, False, True, True)
-        args = _fwd_args(b, b["w_mh"], b["w_m"], b["w_mh"])  # prod/bar unused
+        kernel, dtype, args = _k().mlstm_fwd, b["w_mh"].dtype, self.kernel_args(b, True)
+        plan = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches() if lc.fwd]
         for t in range(T):
-            k.mlstm_fwd[(t_.n_r(B, H),)](*args, t, t + 1, B, H, **c1)
-            k.mlstm_fwd[(t_.n_g(B, H),)](*args, t, t + 1, B, H, **c2)
+            for n, c in plan:
+                kernel[(n,)](**args, t0=t, t1=t + 1, B=B, H=H, **c)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
-        k = _k()
-        phases = [
-            (n, self._consts(b["w_mh_t"].dtype, p, False, True, False)) for p, n in self.bwd_phases(B, H)
-        ]
-        args = _bwd_args(b, b["w_mh_t"], b["w_m_t"], b["w_mh_t"])
+        kernel, dtype, args = _k().mlstm_bwd, b["w_mh_t"].dtype, self.kernel_args(b, False)
+        plan = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches() if not lc.fwd]
         b["dc"].zero_()
         for t in range(T - 1, -1, -1):
-            for n, c in phases:
-                k.mlstm_bwd[(n,)](*args, t, t + 1, T, B, H, **c)
+            for n, c in plan:
+                kernel[(n,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c)
 
 
 class CublasLoop(Loop):
@@ -176,109 +189,110 @@ class CublasLoop(Loop):
 
     name = "cublas"
     graphed = True
+    use_dot = False
 
     def scratch(self, B: int, H: int, dtype: torch.dtype, device) -> dict:
         kw = dict(dtype=dtype, device=device)
         return dict(p_r=torch.empty(B, H, **kw), p_g=torch.empty(B, 4 * H, **kw), p_h=torch.empty(B, H, **kw))
 
+    def kernel_args(self, b: dict, fwd: bool) -> dict:
+        """cuBLAS's products (the compute dtype) in place of the kernels' own."""
+        if fwd:
+            return fwd_args(b, prod_r=b["p_r"], prod_g=b["p_g"])
+        return bwd_args(b, prod_h=b["p_h"], prod_m=b["p_r"])
+
     def forward(self, b: dict, B: int, T: int, H: int) -> None:
-        k, t_ = _k(), self.tiles
-        c1 = self._consts(b["w_mh"].dtype, 1, False, False, True)
-        c2 = self._consts(b["w_mh"].dtype, 2, False, False, True)
+        kernel, dtype = _k().mlstm_fwd, b["w_mh"].dtype
+        (n_r, c_r), (n_g, c_g) = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches()
+                                  if lc.fwd]  # fmt: skip
         p_r, p_g = b["p_r"], b["p_g"]
-        args = _fwd_args(b, p_r, p_g, p_r)
+        args = self.kernel_args(b, True)
         w_mh_t, w_m_t = b["w_mh"].t(), b["w_m"].t()
         for t in range(T):
             torch.mm(b["hs"][t], w_mh_t, out=p_r)  # (B, H) r_t
-            k.mlstm_fwd[(t_.n_r(B, H),)](*args, t, t + 1, B, H, **c1)
+            kernel[(n_r,)](**args, t0=t, t1=t + 1, B=B, H=H, **c_r)
             torch.mm(b["ms"][t], w_m_t, out=p_g)  # (B, 4H) z_t
-            k.mlstm_fwd[(t_.n_g(B, H),)](*args, t, t + 1, B, H, **c2)
+            kernel[(n_g,)](**args, t0=t, t1=t + 1, B=B, H=H, **c_g)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
-        k, t_ = _k(), self.tiles
-        c1 = self._consts(b["w_mh_t"].dtype, 1, False, False, False)
-        c2 = self._consts(b["w_mh_t"].dtype, 2, False, False, False)
+        kernel, dtype = _k().mlstm_bwd, b["w_mh_t"].dtype
+        (n_h, c_h), (n_m, c_m) = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches()
+                                  if not lc.fwd]  # fmt: skip
         p_h, p_m = b["p_h"], b["p_r"]
-        args = _bwd_args(b, p_h, p_m, p_h)
+        args = self.kernel_args(b, False)
         w_mh, w_m = b["w_mh_t"].t(), b["w_m_t"].t()  # (H, H), (4H, H) views: W_mh, W_m
         b["dc"].zero_()
         for t in range(T - 1, -1, -1):
             if t < T - 1:
                 torch.mm(b["dr"][t + 1], w_mh, out=p_h)  # (B, H) d(r_{t+1}) W_mh
-            k.mlstm_bwd[(t_.n_r(B, H),)](*args, t, t + 1, T, B, H, **c1)
+            kernel[(n_h,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c_h)
             torch.mm(b["dp"][t, :, H:], w_m, out=p_m)  # (B, H) dG_t W_m: dG's rows have stride 5H
-            k.mlstm_bwd[(t_.n_m(B, H),)](*args, t, t + 1, T, B, H, **c2)
+            kernel[(n_m,)](**args, t0=t, t1=t + 1, T=T, B=B, H=H, **c_m)
 
 
 class PersistentLoop(Loop):
     """One cooperative launch per sequence and direction: `programs` programs (at most the SM count) loop
-    over the steps and their tiles, a grid barrier between phases. In the interpreter, which runs programs
-    one after another (a barrier would wait forever), the same kernel runs phase by phase, `programs`
-    programs each looping over several tiles."""
+    over the steps and their tiles, a grid barrier between phases. Every launch's barrier flag is read before
+    its outputs are handed on (a host sync): a barrier that gave up raises BarrierTimeout, and the caller redoes
+    the work with another loop (gpu_tuning.run). In the interpreter, which runs programs one after another (a
+    barrier would wait forever), the same kernel runs phase by phase, `programs` programs each looping over
+    several tiles."""
 
     name = "persistent"
+    cooperative = (
+        True  # launched with the co-residency guarantee (a test turns it off to see a barrier give up)
+    )
 
     def __init__(self, tiles: Tiles, programs: int) -> None:
         super().__init__(tiles)
-        self.programs = programs
-        self.pending: collections.deque = collections.deque()  # (event, host flag) of launches in flight
+        self.n_programs = programs
 
     def __repr__(self) -> str:
-        return f"{self.name}{self.tiles}x{self.programs}"
+        return f"{self.name}{self.tiles}x{self.n_programs}"
 
-    def _launch(self, kernel, args: tuple, fwd: bool, dtype: torch.dtype, tail: tuple, T: int) -> None:
-        P = self.programs
+    def launches(self) -> list[Launch]:
+        k = _k()
+        bwd = sum(k.BWD_PHASES[: 3 if self.tiles.split > 1 else 2])
+        return [Launch(True, sum(k.FWD_PHASES), sync=True), Launch(False, bwd, sync=True)]
+
+    def programs(self, launch: Launch, B: int, H: int) -> int:
+        return self.n_programs
+
+    def _launch(self, args: dict, fwd: bool, dtype: torch.dtype, scalars: dict, T: int) -> None:
+        kernel = _k().mlstm_fwd if fwd else _k().mlstm_bwd
+        launch = next(lc for lc in self.launches() if lc.fwd == fwd)
+        P = self.n_programs
+        bar = torch.zeros(
+            2, dtype=torch.int32, device=args["w_m" if fwd else "w_m_t"].device
+        )  # [arrivals, failed]
         if interpreting():
-            phases = (1, 2) if fwd else [p for p, _ in self.bwd_phases(1, 1)]
-            for t in range(T - 1, -1, -1) if not fwd else range(T):
-                for phase in phases:
-                    kernel[(P,)](*args, t, t + 1, *tail, **self._consts(dtype, phase, False, True, fwd))
-            return
-        bar = torch.zeros(2, dtype=torch.int32, device=args[0].device)  # [arrivals, failed]
-        args = (*args[:-1], bar)
-        kernel[(P,)](
-            *args, 0, T, *tail, launch_cooperative_grid=True, **self._consts(dtype, 0, True, True, fwd)
-        )
-        self._watch(bar)
-
-    def _watch(self, bar: torch.Tensor) -> None:
-        """Check the barrier's failure flag without waiting for the GPU: a copy to pinned memory now, read
-        once its event has passed (on a later call, or by `check`)."""
-        flag = torch.empty(2, dtype=torch.int32, pin_memory=True)
-        flag.copy_(bar, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        self.pending.append((ev, flag))
-        while self.pending and self.pending[0][0].query():
-            self._raise_if_failed(self.pending.popleft()[1])
-
-    def check(self) -> None:
-        """Wait for every launch in flight and raise if one's grid barrier gave up."""
-        while self.pending:
-            ev, flag = self.pending.popleft()
-            ev.synchronize()
-            self._raise_if_failed(flag)
-
-    @staticmethod
-    def _raise_if_failed(flag: torch.Tensor) -> None:
-        if int(flag[1]):
-            raise RuntimeError(
-                "the persistent mLSTM kernel's grid barrier timed out (its programs were not all resident "
-                "on the GPU): its results are invalid; rerun with MLSTM_GPU_LOOP=step"
+            phases = [p for p in (_k().FWD_PHASES if fwd else _k().BWD_PHASES) if p & launch.phases]
+            for t in range(T) if fwd else range(T - 1, -1, -1):
+                for p in phases:
+                    c = self.consts(dtype, Launch(fwd, p, use_dot=launch.use_dot))
+                    kernel[(P,)](**args, t0=t, t1=t + 1, **scalars, **c)
+        else:
+            kernel[(P,)](**{**args, "bar": bar}, t0=0, t1=T, **scalars, launch_cooperative_grid=self.cooperative,
+                         **self.consts(dtype, launch))  # fmt: skip
+        if faults.barrier_times_out():
+            bar[1] = 1
+        if int(bar[1]):  # waits for the launch: its outputs are not handed on unchecked
+            raise BarrierTimeout(
+                f"the {self.name} loop's grid barrier timed out ({P} programs were not all resident on the "
+                "GPU): its results are invalid"
             )
 
     def forward(self, b: dict, B: int, T: int, H: int) -> None:
-        self._launch(_k().mlstm_fwd, _fwd_args(b, b["w_mh"], b["w_m"], b["w_mh"]), True, b["w_mh"].dtype,
-                     (B, H), T)  # fmt: skip
+        self._launch(self.kernel_args(b, True), True, b["w_mh"].dtype, dict(B=B, H=H), T)
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
         b["dc"].zero_()
-        self._launch(_k().mlstm_bwd, _bwd_args(b, b["w_mh_t"], b["w_m_t"], b["w_mh_t"]), False,
-                     b["w_mh_t"].dtype, (T, B, H), T)  # fmt: skip
+        self._launch(self.kernel_args(b, False), False, b["w_mh_t"].dtype, dict(T=T, B=B, H=H), T)
 
 
 class SplitKLoop(PersistentLoop):
-    """The persistent loop with its backward's second phase (dm = W_m^T dG_t, K = 4H) split over K: a
+    """The persistent loop with its backward's second phase (dm = W_m^T dG_t, K = 4H) on whole-batch x 64-unit
+    tiles (a warpgroup MMA's M), split over K where that fills the SMs (1 slice where the tiles already do): a
     backward-only candidate (its forward is the persistent loop's)."""
 
     name = "splitk"
@@ -327,6 +341,8 @@ def _evict_over_cap() -> None:
 def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
     """Run one direction of `loop` over `bufs`: eagerly, or replaying its CUDA graph for this length once
     the kernels are compiled (`MLSTM_CUDA_GRAPHS=0`, the interpreter and the persistent loop: eagerly)."""
+    if faults.gpu_launch_fails():
+        raise RuntimeError(f"the {loop.name} loop could not launch (injected: MLSTM_DS_FAULTS)")
     go: Callable[[dict], None] = (
         (lambda b: loop.forward(b, B, T, H)) if fwd else (lambda b: loop.backward(b, B, T, H))
     )

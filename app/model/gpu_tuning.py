@@ -1,15 +1,22 @@
-"""Which loop runs the mLSTM core on a GPU, per shape, chosen by measurement (as `cudnn.benchmark` does).
+"""Which loop runs the mLSTM core on a GPU, per shape, chosen by measurement (as `cudnn.benchmark` does), and
+the run of a choice that never hands on a wrong result.
 
 On first use of a (device, B, H, dtype) (B: `batch_bucket`, the next power of two) the candidates of
-app/model/gpu_loops.py (step, cublas, persistent; splitk for the backward) are each timed on T_TUNE steps,
-forward and backward apart, and the fastest of each direction kept for the process; `prefers_reference` then times the whole op against the Python reference core (the dispatcher runs
-the reference where it wins, so the GPU path is never slower than it). The choice is logged once, with the
-times. A candidate that fails (a cooperative grid too large for the device, a kernel this Triton cannot
-build) is left out with its reason. Winners are also written to disk (app/model/gpu_choice_cache.py), so a
-later run starts without timing.
+app/model/gpu_loops.py (cublas, step, persistent; splitk for the backward) are each checked against the float64
+reference on a fresh input with a partial batch tile (app/model/gpu_verify.py), then timed on T_TUNE steps,
+forward and backward apart; those that pass are ranked by time for the process. `prefers_reference` then
+times the whole op against the Python reference core (the dispatcher runs the reference where it wins, so the
+GPU path is never slower than it). The choice is logged once, with the times. A candidate that fails (a
+cooperative grid too large for the device, a kernel this Triton cannot build, a result off the reference) is
+left out with its reason. Rankings are also written to disk (app/model/gpu_choice_cache.py), so a later run
+starts without timing; a ranking read from disk is checked once per process, on a small input, before it is
+trusted, and timed afresh where it fails.
 
-`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python` forces one (no timing). In Triton's interpreter (the CPU
-tests) nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
+`run` runs a direction with the ranking's first loop and, where that loop raises or its grid barrier gave up
+(gpu_loops.BarrierTimeout), redoes the work with the next one, with one warning line; the failed loop is
+dropped from the ranking for the process. A forced loop (`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python`,
+untimed) or a cached one that cannot launch falls back the same way. In Triton's interpreter (the CPU tests)
+nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
 """
 
 from __future__ import annotations
@@ -20,14 +27,22 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_loops
-from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop, Tiles
+from app.model import gpu_choice_cache, gpu_loops, gpu_verify
+from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
+from app.model.gpu_tiles import (
+    interpreting,
+    next_pow2,
+    persistent_tiles,
+    split_tiles,
+    tiles_for,
+    weights_in_l2,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +52,9 @@ class NoLoop(RuntimeError):
 
 
 LOOPS = ("step", "cublas", "persistent", "splitk")
+FALLBACK_ORDER = ("cublas", "step", "persistent", "splitk")  # after a forced loop: cuBLAS's products first
 T_TUNE = 64  # steps per timed run: per-step costs dominate; the fixed ones (a launch, a replay) count too
 REPS, WARMUP = 5, 3  # timed runs (median) after warm-up runs: compile, graph capture, first replay
-# relative difference allowed between two loops' outputs over T_TUNE steps, by operand dtype (bf16 products
-# rounded differently, fp32 with or without tf32)
-SELF_CHECK = {torch.bfloat16: 5e-2, torch.float16: 2e-2, torch.float32: 2e-2, torch.float64: 1e-9}
 _choices: dict = {}
 _logged: set = set()
 _override: list[str] = []  # forcing(): the loop to run, untimed (benchmarks, tests)
@@ -49,70 +62,52 @@ _override: list[str] = []  # forcing(): the loop to run, untimed (benchmarks, te
 
 @dataclass
 class Choice:
-    fwd: Loop | None  # None: no loop runs on this device (times["failed"] says why): the reference core does
-    bwd: Loop | None  # None: only the forward was needed (inference) so far
+    """The loops of a shape, fastest first (each direction's ranking: the first runs, the others are its
+    fallbacks). fwd_order empty: no loop runs on this device (times["failed"] says why): the reference core
+    does. bwd_order None: only the forward was needed (inference) so far."""
+
+    fwd_order: list[Loop]
+    bwd_order: list[Loop] | None
     python: bool | None = None  # whether the reference core wins; None: not compared yet
     times: dict = field(default_factory=dict)
 
+    @property
+    def fwd(self) -> Loop | None:
+        return self.fwd_order[0] if self.fwd_order else None
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def tiles_for(B: int, H: int, dtype: torch.dtype, sms: int, weights_in_l2: bool) -> Tiles:
-    """Tiles that give every SM work: units per tile shrink first (down to 16, and 4 x 16 gate rows: the
-    M of a warpgroup MMA); then, where the weights stay in L2, batch rows (re-reading a weight tile from
-    L2 is cheap; from HBM it is not, so large layers keep the whole batch in one tile)."""
-    if gpu_loops.interpreting():
-        return Tiles(bb_r=16, bu_r=16, bb_g=16, bu_g=4, bk=16)
-    bk = 32 if dtype in (torch.float32, torch.float64) else 64
-    bb = min(64 if weights_in_l2 else 128, max(16, _next_pow2(B)))
-
-    def fit(bu: int, bb: int, bu_min: int) -> tuple[int, int]:
-        # halve a side while twice the tiles still fit in one wave over the SMs
-        while 2 * -(-B // bb) * -(-H // bu) <= sms and bu > bu_min:
-            bu //= 2
-        while weights_in_l2 and 2 * -(-B // bb) * -(-H // bu) <= sms and bb > 16:
-            bb //= 2
-        return bu, bb
-
-    bu_r, bb_r = fit(64, bb, 16)
-    bu_g, bb_g = fit(16, bb, 16)
-    if 2 * -(-B // bb_g) * -(-H // bu_g) <= sms:  # still few tiles: give up the warpgroup MMA's M = 64
-        bu_g, bb_g = fit(bu_g, bb_g, 4)
-    return Tiles(bb_r, bu_r, bb_g, bu_g, bk, warps=8 if max(bb_r, bb_g) >= 128 else 4)
+    @property
+    def bwd(self) -> Loop | None:
+        return self.bwd_order[0] if self.bwd_order else None
 
 
-def split_tiles(base: Tiles, B: int, H: int, sms: int) -> Tiles:
-    """The backward's K = 4H phase split over K: the whole batch (up to 128 rows: the weights read once) by 64
-    units (a warpgroup MMA's M) per output tile, as many K slices as fill the SMs, each at least 2 K steps."""
-    if gpu_loops.interpreting():
-        return replace(base, bb_m=16, bu_m=16, split=3)  # 3 slices of 4H = 80: the last one short
-    bb_m, bu_m = min(128, max(16, _next_pow2(B))), 64
-    outputs = -(-B // bb_m) * -(-H // bu_m)
-    split = max(1, min(sms // outputs, 4 * H // (2 * base.bk)))
-    return replace(base, bb_m=bb_m, bu_m=bu_m, split=split, warps=8 if bb_m >= 128 else base.warps)
+def candidates_for(B: int, H: int, dtype: torch.dtype, sms: int, l2_bytes: int, cc: int = 90) -> list[Loop]:
+    """The loops the tuner times for a shape on a device of compute capability `cc` (90: sm_90) with `sms` SMs
+    and `l2_bytes` of L2, in the fallback order (cuBLAS first). The split backward's tiles are a candidate of
+    their own where they differ from the persistent loop's."""
+    tiles = tiles_for(B, H, dtype, sms, interpreting() or weights_in_l2(H, dtype, l2_bytes), cc)
+    persistent = persistent_tiles(tiles, dtype, cc)
+    split = persistent_tiles(split_tiles(tiles, B, H, sms, dtype), dtype, cc)
+
+    def programs(t) -> int:
+        return min(sms, max(t.n_r(B, H), t.n_g(B, H), t.n_h(B, H), t.n_m(B, H)))
+
+    loops: list[Loop] = [CublasLoop(tiles), StepLoop(tiles), PersistentLoop(persistent, programs(persistent))]
+    if split.bwd() != persistent.bwd() or split.split > 1:
+        loops.append(SplitKLoop(split, programs(split)))
+    return loops
 
 
-def candidates(B: int, H: int, dtype: torch.dtype, device: torch.device) -> list[Loop]:
-    if gpu_loops.interpreting():
-        sms, in_l2 = 3, True
-    else:
-        props = torch.cuda.get_device_properties(device)
-        sms = props.multi_processor_count
-        in_l2 = 5 * H * H * torch.finfo(dtype).bits // 8 <= getattr(props, "L2_cache_size", 0) // 2
-    tiles = tiles_for(B, H, dtype, sms, in_l2)
-    split = split_tiles(tiles, B, H, sms)
+def device_size(device) -> tuple[int, int, int]:
+    """(SMs, L2 bytes, compute capability as 90 for sm_90) of a CUDA device; in the interpreter, a 3-SM Hopper
+    whose L2 holds any layer."""
+    if interpreting():
+        return 3, 1 << 40, 90
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, getattr(props, "L2_cache_size", 0), 10 * props.major + props.minor
 
-    def programs(t: Tiles) -> int:
-        return min(sms, max(t.n_r(B, H), t.n_g(B, H), t.n_m(B, H)))
 
-    loops = [
-        CublasLoop(tiles),
-        StepLoop(tiles),
-        PersistentLoop(tiles, programs(tiles)),
-    ]  # cuBLAS first: the check
-    return loops + ([SplitKLoop(split, programs(split))] if split.split > 1 else [])
+def candidates(B: int, H: int, dtype: torch.dtype, device) -> list[Loop]:
+    return candidates_for(B, H, dtype, *device_size(device))
 
 
 def _time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
@@ -121,7 +116,7 @@ def _time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
     reps, warmup = reps or REPS, WARMUP if warmup is None else warmup
     for _ in range(warmup):
         fn()
-    cuda = torch.cuda.is_available() and not gpu_loops.interpreting()
+    cuda = torch.cuda.is_available() and not interpreting()
     if cuda:
         torch.cuda.synchronize()
     times = []
@@ -146,64 +141,41 @@ def _why(e: BaseException) -> str:
 
 
 def _tuning_buffers(B: int, H: int, dtype: torch.dtype, device) -> dict:
-    """Forward inputs of T_TUNE steps, drawn at the scale training sees (weights ~ H^-1/2)."""
-    sdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    g = torch.Generator(device=device).manual_seed(0)
-    T = T_TUNE
-
-    def rnd(*shape, scale=1.0, dt=sdt):
-        return (torch.randn(*shape, generator=g, device=device) * scale).to(dt)
-
-    hs, cs = (
-        torch.zeros(T + 1, B, H, dtype=dtype, device=device),
-        torch.zeros(T + 1, B, H, dtype=sdt, device=device),
-    )
-    fwd = dict(w_mh=rnd(H, H, scale=H**-0.5, dt=dtype), w_m=rnd(4 * H, H, scale=H**-0.5, dt=dtype),
-               pm=rnd(T, B, H), pg=rnd(T, B, 4 * H), hs=hs, cs=cs, rs=torch.empty_like(cs[1:]),
-               ms=torch.empty_like(hs[1:]), gates=rnd(T, B, 4 * H), tcs=torch.empty_like(cs[1:]))  # fmt: skip
-    return fwd
+    """Forward buffers of T_TUNE steps for timing, drawn at the scale training sees (weights ~ H^-1/2)."""
+    return gpu_verify.forward_case(B, T_TUNE, H, dtype, device, seed=0)
 
 
-def _backward_buffers(f: dict, B: int, H: int) -> dict:
-    T, sdt, cdt = T_TUNE, f["cs"].dtype, f["w_mh"].dtype
-    kw = dict(device=f["cs"].device)
-    return dict(w_mh_t=f["w_mh"].t().contiguous(), w_m_t=f["w_m"].t().contiguous(), dy=torch.randn_like(f["rs"]),
-                gates=f["gates"], cs=f["cs"], tcs=f["tcs"], rs=f["rs"], pm=f["pm"],
-                dp=torch.empty(T, B, 5 * H, dtype=cdt, **kw), dr=torch.empty(T, B, H, dtype=cdt, **kw),
-                dc=torch.zeros(B, H, dtype=sdt, **kw))  # fmt: skip
+def _backward_buffers(f: dict) -> dict:
+    """Backward buffers of T_TUNE steps: the forward's outputs from the float64 reference (no candidate's)."""
+    return gpu_verify.backward_case(f, gpu_verify.reference_forward(f), seed=0)
 
 
-def _fastest(loops: list[Loop], fwd: bool, bufs: dict, B: int, H: int, times: dict) -> Loop:
-    """The fastest of `loops` in one direction. A candidate that fails, or whose outputs disagree with the
-    first that ran (the cuBLAS loop: its products owe nothing to Triton's tiles, pipelining or barriers), is
-    left out with the reason: a kernel racing on some GPU is caught here, before it trains anything."""
-    best, best_ms, ref = None, float("inf"), None
-    outputs = gpu_loops.FWD_OUT if fwd else gpu_loops.BWD_OUT
-    for loop in [lp for lp in loops if ("fwd" if fwd else "bwd") in lp.directions]:
-        name = f"{'fwd' if fwd else 'bwd'}/{loop.name}"
-        # a loop that leaves some output unwritten shows NaN there, not an earlier loop's values
-        for n in outputs:
-            (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(float("nan"))
+def _rank(
+    loops: list[Loop], fwd: bool, B: int, H: int, dtype: torch.dtype, device, times: dict
+) -> list[Loop]:
+    """`loops` that run one direction correctly, fastest first. Each is first checked against the float64
+    reference (gpu_verify: a partial batch tile, element-wise, a tolerance from the dtype), then timed; one
+    that raises or is off the reference is left out with the reason: a kernel racing on some GPU is caught
+    here, before it trains anything."""
+    d = "fwd" if fwd else "bwd"
+    bufs = _tuning_buffers(B, H, dtype, device)
+    bufs = bufs if fwd else _backward_buffers(bufs)
+    ms: dict[Loop, float] = {}
+    for loop in [lp for lp in loops if d in lp.directions]:
         try:
-            ms = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))
-            if isinstance(loop, PersistentLoop):
-                loop.check()
-            out = torch.cat([bufs[n].float().flatten() for n in outputs])
-            ref = out if ref is None else ref
-            err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if not err < SELF_CHECK[bufs["w_mh" if fwd else "w_mh_t"].dtype]:
-                raise ArithmeticError(
-                    f"outputs differ from the {loops[0].name} loop's by {err:.1e} (relative)"
-                )
-        except Exception as e:  # a candidate this device or Triton cannot run: left out, with why
-            times[name] = _why(e)
+            why = gpu_verify.check(loop, fwd, gpu_verify.check_rows(B), H, dtype, device)
+            if why is not None:
+                raise ArithmeticError(why)
+            ms[loop] = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))
+        except (
+            Exception
+        ) as e:  # a candidate this device or Triton cannot run, or gets wrong: left out, with why
+            times[f"{d}/{loop.name}"] = _why(e)
             continue
-        times[name] = round(ms, 3)
-        if ms < best_ms:
-            best, best_ms = loop, ms
-    if best is None:
+        times[f"{d}/{loop.name}"] = round(ms[loop], 3)
+    if not ms:
         raise NoLoop(f"no GPU loop of the mLSTM core runs here: {times}")
-    return best
+    return sorted(ms, key=ms.__getitem__)
 
 
 def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
@@ -213,14 +185,34 @@ def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
         B, H, str(dtype).removeprefix("torch."), ", ".join(lp.name for lp in loops),
     )  # fmt: skip
     times: dict = {}
-    f = _tuning_buffers(B, H, dtype, device)
-    fwd = _fastest(loops, True, f, B, H, times)
-    bwd = None
-    if backward:
-        gpu_loops.run(fwd, True, f, B, T_TUNE, H)  # real forward outputs for the backward to read
-        bwd = _fastest(loops, False, _backward_buffers(f, B, H), B, H, times)
+    fwd = _rank(loops, True, B, H, dtype, device, times)
+    bwd = _rank(loops, False, B, H, dtype, device, times) if backward else None
     gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
     return Choice(fwd, bwd, times=times)
+
+
+def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
+    """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises or its
+    grid barrier gave up, the next (one warning line; the work redone from the same inputs, which no loop
+    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left."""
+    order = choice.fwd_order if fwd else choice.bwd_order
+    d = "forward" if fwd else "backward"
+    failures = []
+    while order:
+        loop = order[0]
+        try:
+            gpu_loops.run(loop, fwd, bufs, B, T, H)
+            return
+        except torch.cuda.OutOfMemoryError:
+            raise  # the memory, not the loop: another loop would not fit either
+        except Exception as e:
+            order.pop(0)
+            failures.append(f"{loop.name}: {_why(e)}")
+            nxt = f"redoing it with the {order[0].name} loop" if order else "no other loop is left"
+            log.warning(
+                "mLSTM GPU %s loop %s failed at B%d H%d T%d (%s): %s", d, loop.name, B, H, T, _why(e), nxt
+            )
+    raise NoLoop(f"no GPU {d} loop of the mLSTM core ran at B{B} H{H}: {'; '.join(failures)}")
 
 
 @contextlib.contextmanager
@@ -237,7 +229,7 @@ def forcing(loop: str) -> Iterator[None]:
 
 def forced_loop() -> str:
     """The loop MLSTM_GPU_LOOP (or `forcing`) asks for, "" for none; a name that is none is one line."""
-    default = "persistent" if gpu_loops.interpreting() else ""
+    default = "persistent" if interpreting() else ""
     want = _override[-1] if _override else os.environ.get("MLSTM_GPU_LOOP", default)
     if want and want not in (*LOOPS, "python"):
         raise UserError(
@@ -248,30 +240,41 @@ def forced_loop() -> str:
 
 def pick(want: str, loops: list[Loop]) -> Loop:
     """The loop named `want` among `loops` ("python": the step loop, for the Triton core's own calls);
-    splitk where this shape splits nothing (it is then not a candidate): the persistent loop, said once."""
+    splitk where its tiles are the persistent loop's (it is then not a candidate): the persistent loop."""
     by_name = {loop.name: loop for loop in loops}
     name = "step" if want == "python" else want
     if name == "splitk" and name not in by_name:
         if "splitk" not in _logged:
             _logged.add("splitk")
-            log.info("MLSTM_GPU_LOOP=splitk: this shape's K splits into 1 slice: the persistent loop runs")
+            log.info("MLSTM_GPU_LOOP=splitk: this shape's split tiles are the persistent loop's: it runs")
         name = "persistent"
     return by_name[name]
 
 
+def _fallbacks(first: Loop, loops: list[Loop], direction: str) -> list[Loop]:
+    """`first`, then the other loops that run `direction` in FALLBACK_ORDER."""
+    rest = sorted((lp for lp in loops if lp is not first and direction in lp.directions),
+                  key=lambda lp: FALLBACK_ORDER.index(lp.name))  # fmt: skip
+    return [first, *rest]
+
+
 def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
+    """MLSTM_GPU_LOOP's loop, untimed, both directions; the others behind it as fallbacks."""
     want = forced_loop()
     if not want:
         return None
-    loop = pick(want, candidates(B, H, dtype, device))
-    return Choice(loop, loop, python=want == "python", times={"forced": want})  # no timing: both directions
+    loops = candidates(B, H, dtype, device)
+    loop = pick(want, loops)
+    fwd = loop if "fwd" in loop.directions else pick("persistent", loops)  # splitk's forward is persistent's
+    return Choice(_fallbacks(fwd, loops, "fwd"), _fallbacks(loop, loops, "bwd"), python=want == "python",
+                  times={"forced": want})  # fmt: skip
 
 
 def batch_bucket(B: int) -> int:
     """The batch size a choice is made for: the next power of two, at least 16. A micro-batch with fewer
     rows (a bucket's last, an evaluation's) reuses its bucket's loops and compiled kernels (the kernels mask
     the rows past B) instead of a fresh timing mid-run."""
-    return max(16, _next_pow2(B))
+    return max(16, next_pow2(B))
 
 
 def _key(x: torch.Tensor, w: torch.Tensor) -> tuple:
@@ -307,7 +310,7 @@ def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice
         try:
             choice = _tune(B, H, w.dtype, x.device, backward)
         except NoLoop as e:  # the reference core runs (core "auto"); core "fused" says why (triton_core)
-            choice = Choice(None, None, python=True, times={"failed": str(e)})
+            choice = Choice([], [], python=True, times={"failed": str(e)})
         _store(B, H, w.dtype, x.device, choice)
     _choices[key] = choice
     return choice
@@ -375,28 +378,55 @@ def _code_files() -> tuple[str, ...]:
     # what runs each side of the choices stored (the reference's speed decides `python`); read by
     # path: triton_core imports this module, and the key needs its code, not the module
     here = Path(__file__).parent
-    names = ("gpu_loops.py", "triton_kernels.py", "gpu_tuning.py", "triton_core.py", "mlstm_core.py")
+    names = (
+        "gpu_loops.py",
+        "gpu_tiles.py",
+        "gpu_verify.py",
+        "triton_kernels.py",
+        "gpu_tuning.py",
+        "triton_core.py",
+        "mlstm_core.py",
+    )
     return tuple(str(here / name) for name in names)
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
+    """The ranking stored for the shape, checked on a small input (once per process: the choice is then kept
+    in _choices), or None: nothing stored, an entry this code does not know (another format, a loop name
+    that is not a candidate here), or one whose first loop fails its check now (said in one line)."""
     entry = gpu_choice_cache.load(B, H, dtype, device, _code_files(), _variant(dtype))
     if entry is None:
         return None
     try:
         loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
-        bwd = loops[entry["bwd"]] if entry["bwd"] is not None else None
-        choice = Choice(loops[entry["fwd"]], bwd, entry["python"], {"cached": True})
+        fwd = [loops[n] for n in entry["fwd"]]
+        bwd = [loops[n] for n in entry["bwd"]] if entry["bwd"] is not None else None
+        choice = Choice(fwd, bwd, entry["python"], {"cached": True})
     except (KeyError, TypeError):
-        return None  # an entry of another shape of the file: time it
-    return None if backward and bwd is None else choice
+        return None  # a foreign or older entry: time it
+    if not fwd or (backward and not bwd) or not isinstance(entry["python"], (bool, type(None))):
+        return None
+    for loop, d in ((choice.fwd, True), (choice.bwd, False)):
+        try:
+            why = (
+                None
+                if loop is None
+                else gpu_verify.check(loop, d, gpu_verify.check_rows(B), H, dtype, device)
+            )
+        except Exception as e:
+            why = _why(e)
+        if why is not None:
+            log.warning("the cached mLSTM GPU loop %s (B%d H%d) fails its check here (%s): timing afresh",
+                        loop.name, B, H, why)  # fmt: skip
+            return None
+    return choice
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
     if "forced" in choice.times or choice.fwd is None:  # a failure may not last: the next run tries again
         return
-    bwd = choice.bwd.name if choice.bwd is not None else None
-    entry = {"fwd": choice.fwd.name, "bwd": bwd, "python": choice.python}
+    bwd = [lp.name for lp in choice.bwd_order] if choice.bwd_order is not None else None
+    entry = {"fwd": [lp.name for lp in choice.fwd_order], "bwd": bwd, "python": choice.python}
     gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
 
 

@@ -42,8 +42,12 @@ _ONEDNN_LINEAR = (
 MEASURED_DTYPES = (torch.float32, torch.bfloat16)  # "linear" products; "step" ones also in float64
 _ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 # Rows timed for a product; above this the kernels' relative speed no longer moves much. A per-step
-# product has B rows (the micro-batch), so its kind stops lower.
+# product has B rows (the micro-batch), so its kind stops lower. A wide product stops sooner still: no timed
+# product is over _TIMED_MACS multiply-adds (about 20 ms on one core), so the first product of a 4096-wide
+# layer (K x N = 4096 x 16384) times up to 16 rows, not 1024 (each burst of those took over a second: the first
+# generate of an imported 4096-wide model spent 5 minutes timing), and larger row counts take 16's choice.
 _ROWS_CAP = {"linear": 1024, "step": 256}
+_TIMED_MACS = 1 << 30
 
 _choice: dict[tuple, dict[int, str]] = {}  # (kind, K, N, dtype) -> {rows bucket: path name}
 _bf16_native: list[bool] = []
@@ -98,9 +102,15 @@ def paths(kind: str = "linear", dtype: torch.dtype = torch.float32) -> dict[str,
     return {name: p for name, p in out.items() if dtype in p.dtypes}
 
 
-def _rows_bucket(m: int, kind: str) -> int:
+def _rows_cap(kind: str, k: int, n: int) -> int:
+    """The most rows timed for a (K, N) product: the kind's cap, lowered to keep it under _TIMED_MACS."""
+    fits = max(1, _TIMED_MACS // max(1, k * n))
+    return min(_ROWS_CAP[kind], 1 << (fits.bit_length() - 1))
+
+
+def _rows_bucket(m: int, kind: str, k: int = 1, n: int = 1) -> int:
     """Rows rounded up to a power of two (capped): variable-length batches share one measurement."""
-    return min(_ROWS_CAP[kind], 1 << max(0, (m - 1).bit_length()))
+    return min(_rows_cap(kind, k, n), 1 << max(0, (m - 1).bit_length()))
 
 
 def _time_paths(fns: dict[str, Path], x: torch.Tensor, w: torch.Tensor, rounds: int = 5) -> dict[str, float]:
@@ -139,8 +149,8 @@ def _operands(m: int, k: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor,
     return x, w
 
 
-def _row_buckets(kind: str) -> list[int]:
-    return [1 << i for i in range(_ROWS_CAP[kind].bit_length())]  # 1, 2, 4, ..., the cap
+def _row_buckets(kind: str, k: int = 1, n: int = 1) -> list[int]:
+    return [1 << i for i in range(_rows_cap(kind, k, n).bit_length())]  # 1, 2, 4, ..., the cap
 
 
 def choose(m: int, k: int, n: int, dtype: torch.dtype, kind: str = "linear") -> str:
@@ -165,7 +175,7 @@ def choose(m: int, k: int, n: int, dtype: torch.dtype, kind: str = "linear") -> 
     table = _choice.get(key)
     if table is None or not set(table.values()) <= set(avail):
         table = {}
-        for rows in _row_buckets(kind):
+        for rows in _row_buckets(kind, k, n):
             if len(avail) == 1:
                 table[rows] = next(iter(avail))
                 continue
@@ -177,7 +187,7 @@ def choose(m: int, k: int, n: int, dtype: torch.dtype, kind: str = "linear") -> 
             kind, n, k, str(dtype).removeprefix("torch."), ", ".join(f"{r}: {p}" for r, p in table.items()),
         )  # fmt: skip
         _choice[key] = table
-    return table[_rows_bucket(m, kind)]
+    return table.get(_rows_bucket(m, kind, k, n)) or table[max(table)]  # a restored table may stop elsewhere
 
 
 def export_choices() -> list:

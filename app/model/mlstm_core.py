@@ -45,7 +45,8 @@ def _recur(
     w_m: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """THE cell equations, run over x (B, T, in) from `state` (h_0, c_0), zero when None.
+    """The input projection, then THE cell equations (`forward_loop`) over x (B, T, in) from `state` (h_0,
+    c_0), zero when None.
 
     Returns every buffer backward needs: xt (T, B, in), pm (T, B, H), gates (T, B, 4H) activated
     [si, sf, so, tu], cs (T+1, B, H) c_0..c_T, tcs (T, B, H), rs (T, B, H) W_mh h_{t-1}, ms (T, B, H),
@@ -53,16 +54,30 @@ def _recur(
     """
     B, T, D = x.shape
     H = w_mh.shape[0]
-    cdt, sdt = x.dtype, state_dtype(x.dtype)
-    kw = dict(device=x.device)
-
+    sdt = state_dtype(x.dtype)
     xt = x.transpose(0, 1).contiguous()  # (T, B, D): per-step slices contiguous
     proj = linear(xt.view(T * B, D), w_in).view(T, B, 5 * H).to(sdt)  # (T, B, 5H)
     # a contiguous copy, so backward keeps (T, B, H) alive rather than all of proj (T, B, 5H)
     pm = proj[..., :H].contiguous()  # (T, B, H)  W_mx x_t
     pg = proj[..., H:]  # (T, B, 4H) W_x x_t
     pg += bias
+    return (xt, pm, *forward_loop(pm, pg, w_mh, w_m, state, x.dtype))
 
+
+def forward_loop(
+    pm: torch.Tensor,
+    pg: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None,
+    cdt: torch.dtype,
+) -> tuple[torch.Tensor, ...]:
+    """THE cell equations, from the input projections pm (T, B, H) = W_mx x_t and pg (T, B, 4H) = W_x x_t + b
+    (state dtype) and `state` (h_0, c_0) (zero when None), products in `cdt`. Returns gates, cs, tcs, rs, ms,
+    hs as `_recur` describes them (the GPU loops' outputs too: gpu_verify checks them against this in float64)."""
+    T, B, H = pm.shape
+    sdt = pm.dtype
+    kw = dict(device=pm.device)
     gates = torch.empty(T, B, 4 * H, dtype=sdt, **kw)  # activated [si, sf, so, tu]
     cs = torch.zeros(T + 1, B, H, dtype=sdt, **kw)  # c_0 .. c_T (only c_0 needs the zero)
     tcs = torch.empty(T, B, H, dtype=sdt, **kw)  # tanh(c_t)
@@ -92,7 +107,65 @@ def _recur(
         torch.tanh(c, out=tcs_u[t])
         torch.mul(so_u[t], tcs_u[t], out=hs_u[t + 1])  # h_t = sigmoid(o) tanh(c_t)
     rs = torch.stack(rs_list)  # (T, B, H)
-    return xt, pm, gates, cs, tcs, rs, ms, hs
+    return gates, cs, tcs, rs, ms, hs
+
+
+def backward_loop(
+    dyt: torch.Tensor,
+    w_mh: torch.Tensor,
+    w_m: torch.Tensor,
+    pm: torch.Tensor,
+    gates: torch.Tensor,
+    cs: torch.Tensor,
+    tcs: torch.Tensor,
+    rs: torch.Tensor,
+    cdt: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loop of backpropagation through time: dy (T, B, H) in the state dtype and the forward's buffers ->
+    (dG (T, B, 4H) the pre-activations' gradients [i, f, o, u], dPm (T, B, H) d(W_mx x_t), dR (T, B, H)
+    d(W_mh h_{t-1})), in `cdt` (the products' operands). The GPU loops' dP is [dPm | dG], their dr dR."""
+    T, B, H = pm.shape
+    sdt = pm.dtype
+    kw = dict(device=pm.device)
+    # Everything the reverse loop needs that does not depend on the recurrence, for all t at once.
+    si, sf, so, tu = gates.split(H, dim=2)  # each (T, B, H)
+    # dL/d(pre-activation) = E_t * K_t with E_t = [dc, dc, dh, dc] and
+    # K = [tu, c_{t-1}, tanh c_t, si] * [sig', sig', sig', tanh'] of the respective gate,
+    # written with fused addcmul passes because these are the biggest elementwise ops of the layer.
+    one = torch.ones((), dtype=sdt, **kw)
+    K = torch.empty(T, B, 4, H, dtype=sdt, **kw)
+    d = torch.addcmul(si, si, si, value=-1)  # (T, B, H) sigmoid'(i) = si (1 - si)
+    torch.mul(d, tu, out=K[:, :, 0])
+    torch.addcmul(sf, sf, sf, value=-1, out=d)
+    torch.mul(d, cs[:-1], out=K[:, :, 1])
+    torch.addcmul(so, so, so, value=-1, out=d)
+    torch.mul(d, tcs, out=K[:, :, 2])
+    torch.addcmul(one, tu, tu, value=-1, out=d)  # tanh'(u) = 1 - tu^2
+    torch.mul(d, si, out=K[:, :, 3])
+    torch.addcmul(one, tcs, tcs, value=-1, out=d)
+    S = d.mul_(so)  # (T, B, H) dh -> dc
+    w_m_t = w_m.t().contiguous()  # (H, 4H)
+    w_mh_t = w_mh.t().contiguous()  # (H, H)
+
+    dG = torch.empty(T, B, 4 * H, dtype=cdt, **kw)  # d(pre-activations [i, f, o, u])
+    dPm = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mx x_t)
+    dR = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mh h_{t-1})
+    dc = torch.zeros(B, H, dtype=sdt, **kw)
+    dh_next = torch.zeros(B, H, dtype=sdt, **kw)
+    dyt_u, S_u, K_u, Ko_u, sf_u = (v.unbind(0) for v in (dyt, S, K, K[:, :, 2], sf))
+    dG_u, dGo_u = dG.view(T, B, 4, H).unbind(0), dG.view(T, B, 4, H)[:, :, 2].unbind(0)
+    dG2_u, dPm_u, dR_u, rs_u, pm_u = (v.unbind(0) for v in (dG, dPm, dR, rs, pm))
+    for t in range(T - 1, -1, -1):
+        dh = dyt_u[t] + dh_next  # (B, H)
+        dc.addcmul_(dh, S_u[t])  # dc arrives already multiplied by sf[t+1]
+        torch.mul(K_u[t], dc.unsqueeze(1), out=dG_u[t])  # (B, 4, H): i, f, u take dc ...
+        torch.mul(Ko_u[t], dh, out=dGo_u[t])  # ... and the o gate takes dh
+        dm = linear(dG2_u[t], w_m_t)  # (B, H)
+        torch.mul(dm, rs_u[t], out=dPm_u[t])
+        torch.mul(dm, pm_u[t], out=dR_u[t])
+        dh_next = linear(dR_u[t], w_mh_t)  # (B, H)
+        dc.mul_(sf_u[t])  # carry to c_{t-1}
+    return dG, dPm, dR
 
 
 class MLSTMFunction(torch.autograd.Function):
@@ -114,47 +187,8 @@ class MLSTMFunction(torch.autograd.Function):
         T, B, D = xt.shape
         H = w_mh.shape[0]
         cdt, sdt = xt.dtype, state_dtype(xt.dtype)
-        kw = dict(device=xt.device)
-
-        # Everything the reverse loop needs that does not depend on the recurrence, for all t at once.
-        si, sf, so, tu = gates.split(H, dim=2)  # each (T, B, H)
-        # dL/d(pre-activation) = E_t * K_t with E_t = [dc, dc, dh, dc] and
-        # K = [tu, c_{t-1}, tanh c_t, si] * [sig', sig', sig', tanh'] of the respective gate,
-        # written with fused addcmul passes because these are the biggest elementwise ops of the layer.
-        one = torch.ones((), dtype=sdt, device=xt.device)
-        K = torch.empty(T, B, 4, H, dtype=sdt, **kw)
-        d = torch.addcmul(si, si, si, value=-1)  # (T, B, H) sigmoid'(i) = si (1 - si)
-        torch.mul(d, tu, out=K[:, :, 0])
-        torch.addcmul(sf, sf, sf, value=-1, out=d)
-        torch.mul(d, cs[:-1], out=K[:, :, 1])
-        torch.addcmul(so, so, so, value=-1, out=d)
-        torch.mul(d, tcs, out=K[:, :, 2])
-        torch.addcmul(one, tu, tu, value=-1, out=d)  # tanh'(u) = 1 - tu^2
-        torch.mul(d, si, out=K[:, :, 3])
-        torch.addcmul(one, tcs, tcs, value=-1, out=d)
-        S = d.mul_(so)  # (T, B, H) dh -> dc
         dyt = dy.transpose(0, 1).to(sdt).contiguous()  # (T, B, H)
-        w_m_t = w_m.t().contiguous()  # (H, 4H)
-        w_mh_t = w_mh.t().contiguous()  # (H, H)
-
-        dG = torch.empty(T, B, 4 * H, dtype=cdt, **kw)  # d(pre-activations [i, f, o, u])
-        dPm = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mx x_t)
-        dR = torch.empty(T, B, H, dtype=cdt, **kw)  # d(W_mh h_{t-1})
-        dc = torch.zeros(B, H, dtype=sdt, **kw)
-        dh_next = torch.zeros(B, H, dtype=sdt, **kw)
-        dyt_u, S_u, K_u, Ko_u, sf_u = (v.unbind(0) for v in (dyt, S, K, K[:, :, 2], sf))
-        dG_u, dGo_u = dG.view(T, B, 4, H).unbind(0), dG.view(T, B, 4, H)[:, :, 2].unbind(0)
-        dG2_u, dPm_u, dR_u, rs_u, pm_u = (v.unbind(0) for v in (dG, dPm, dR, rs, pm))
-        for t in range(T - 1, -1, -1):
-            dh = dyt_u[t] + dh_next  # (B, H)
-            dc.addcmul_(dh, S_u[t])  # dc arrives already multiplied by sf[t+1]
-            torch.mul(K_u[t], dc.unsqueeze(1), out=dG_u[t])  # (B, 4, H): i, f, u take dc ...
-            torch.mul(Ko_u[t], dh, out=dGo_u[t])  # ... and the o gate takes dh
-            dm = linear(dG2_u[t], w_m_t)  # (B, H)
-            torch.mul(dm, rs_u[t], out=dPm_u[t])
-            torch.mul(dm, pm_u[t], out=dR_u[t])
-            dh_next = linear(dR_u[t], w_mh_t)  # (B, H)
-            dc.mul_(sf_u[t])  # carry to c_{t-1}
+        dG, dPm, dR = backward_loop(dyt, w_mh, w_m, pm, gates, cs, tcs, rs, cdt)
 
         N = T * B
         dG2, dPm2, X = dG.view(N, 4 * H), dPm.view(N, H), xt.view(N, D)

@@ -20,7 +20,8 @@ import re
 
 import torch
 
-from app.model import gpu_loops, gpu_tuning
+from app.model import gpu_tuning
+from app.model.gpu_tiles import interpreting
 from app.model.matmul import grad_weight, linear
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -36,7 +37,7 @@ def too_old(version: str) -> bool:
 
 def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """None when this core runs these operands, else why not (one line)."""
-    if x.device.type != "cuda" and not gpu_loops.interpreting():
+    if x.device.type != "cuda" and not interpreting():
         return f"the Triton core runs on CUDA devices, got {x.device.type}"
     if w.dtype not in DTYPES:
         return f"the Triton core takes float32/float64/bfloat16/float16 operands, got {w.dtype}"
@@ -53,8 +54,9 @@ def available(x: torch.Tensor, w: torch.Tensor) -> str | None:
     return None
 
 
-def _forward(x, w_in, bias, w_mh, w_m, state, loop: gpu_loops.Loop) -> tuple[dict, torch.Tensor]:
-    """Run the forward loop from `state` (None: zero); returns (buffers, xt (T*B, D))."""
+def _forward(x, w_in, bias, w_mh, w_m, state, choice: gpu_tuning.Choice) -> tuple[dict, torch.Tensor]:
+    """Run the shape's forward loop from `state` (None: zero; falling back to the next loop of the ranking
+    where one fails, gpu_tuning.run); returns (buffers, xt (T*B, D))."""
     B, T, D = x.shape
     H = w_mh.shape[0]
     sdt, cdt = bias.dtype, w_mh.dtype
@@ -79,7 +81,7 @@ def _forward(x, w_in, bias, w_mh, w_m, state, loop: gpu_loops.Loop) -> tuple[dic
     else:
         bufs["hs"][0].copy_(state[0])
         bufs["cs"][0].copy_(state[1])
-    gpu_loops.run(loop, True, bufs, B, T, H)
+    gpu_tuning.run(choice, True, bufs, B, T, H)
     return bufs, xt
 
 
@@ -91,9 +93,9 @@ def _loops(ctx, x: torch.Tensor, w_mh: torch.Tensor) -> gpu_tuning.Choice:
     return loops
 
 
-def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, loops: gpu_tuning.Choice) -> None:
+def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, choice: gpu_tuning.Choice) -> None:
     b = bufs
-    ctx.fwd_loop, ctx.loop = loops.fwd, loops.bwd
+    ctx.choice = choice
     ctx.save_for_backward(
         xt, w_in, b["w_mh"], b["w_m"], b["pm"], b["gates"], b["cs"], b["tcs"], b["rs"], b["ms"], b["hs"]
     )
@@ -102,8 +104,6 @@ def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, loops: gpu_tuni
 def _backward(ctx, dy: torch.Tensor) -> tuple:
     """(dx, d(w_in), d(bias), d(w_mh), d(w_m)) of the saved forward."""
     xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
-    if isinstance(ctx.fwd_loop, gpu_loops.PersistentLoop):
-        ctx.fwd_loop.check()  # a forward whose grid barrier gave up raises here, before its gradients are used
     T, B, H = pm.shape
     D = xt.shape[1]
     cdt, sdt = w_mh.dtype, cs.dtype
@@ -115,7 +115,7 @@ def _backward(ctx, dy: torch.Tensor) -> tuple:
         dr=torch.empty(T, B, H, dtype=cdt, **kw),
         dc=torch.zeros(B, H, dtype=sdt, **kw),
     )  # fmt: skip
-    gpu_loops.run(ctx.loop, False, bufs, B, T, H)
+    gpu_tuning.run(ctx.choice, False, bufs, B, T, H)
     N = T * B
     dP2 = bufs["dp"].view(N, 5 * H)
     dG2 = dP2[:, H:]  # (N, 4H)
@@ -135,7 +135,7 @@ class TritonMLSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m):
         loops = _loops(ctx, x, w_mh)
-        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, loops.fwd)
+        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, loops)
         _save(ctx, bufs, xt, w_in, loops)
         return bufs["hs"][1:].transpose(0, 1).contiguous()  # (B, T, H)
 
@@ -152,7 +152,7 @@ class TritonMLSTMFromState(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m, h0, c0):
         loops = _loops(ctx, x, w_mh)
-        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, (h0, c0), loops.fwd)
+        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, (h0, c0), loops)
         _save(ctx, bufs, xt, w_in, loops)
         c_last = bufs["cs"][-1].clone()  # (B, H)
         ctx.mark_non_differentiable(c_last)
@@ -170,7 +170,7 @@ def prefill(x, lengths, w_in, bias, w_mh, w_m, state=None) -> tuple[torch.Tensor
     loops = gpu_tuning.loops_for(x, w_mh, backward=False)
     if loops.fwd is None:
         raise RuntimeError(f"core='fused': {loops.times['failed']}")
-    bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops.fwd)
+    bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops)
     rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)
     hs, cs = bufs["hs"], bufs["cs"]

@@ -14,26 +14,33 @@ and a tile is a small product with the step's elementwise work in its epilogue:
 Every phase-2 tile of the forward (phase-1 of the backward) owns all FOUR gates of its units (W_m's rows
 g*H + unit, g = i, f, o, u: the gate-interleaved slice, gathered in place), so the cell math needs nothing
 from another tile and the dc carry is read and written by its owner only: two synchronisations per step.
+Those two phases hand their product to the epilogue through a scratch buffer (`_through`: the tile's own
+part, fp32, stored and read back by the same program): the epilogue then runs in the loads' layout, with one
+store and one load instead of a layout conversion per load and store, and (64, 128) tiles need no spill.
 
 Operands are swapped against the usual (batch x K) @ (K x units): a tile computes (units x batch) =
 (weight rows) @ (state)^T, so the weight rows are the product's M side. Hopper's warpgroup MMA needs
 M % 64 == 0: with the batch as M, a batch of 16 or 32 rows could not use it; 4 gates x 16 units can.
 
-One kernel body, three ways to run it (constexprs):
-    PHASE 1 or 2, SYNC off    one phase of one step per launch, a program per tile (the step loop; and
+One kernel body, three ways to run it (constexprs). PHASES is a set of the named phases below (bits):
+    one phase, SYNC off       one phase of one step per launch, a program per tile (the step loop; and
                               the interpreter, which runs programs one after another and cannot wait)
-    PHASE 0, SYNC on          the persistent loop: every step of the sequence in one launch, a grid no
+    every phase, SYNC on      the persistent loop: every step of the sequence in one launch, a grid no
                               larger than the SM count (a cooperative launch), each program looping over
                               its tiles, a grid barrier between phases
     USE_DOT off               the product is read from `prod` (cuBLAS computed it): the phase is then only
                               its epilogue (the cuBLAS loop)
+A pointer a launch does not use (`prod_*` where the kernel computes the product, `bar` without SYNC, `part`
+without a split) is passed as None: the kernels take their arguments by keyword (gpu_loops.py).
 
 Only H is specialised on (its divisibility by 16 keeps the loads vectorised); the batch size appears only
 multiplied by H, so a micro-batch with another row count reuses the compiled kernels.
 
 The grid barrier is an epoch counter: each program adds 1 (release) and waits (acquire) until the counter
-reaches (epoch + 1) * programs. The wait is bounded (MAX_SPIN polls): a program that never sees the others
-sets the failure flag, every later barrier returns at once, and the host raises instead of hanging. Data
+reaches (epoch + 1) * programs, polling the counter alone (the failure flag is read once per FLAG_EVERY
+polls). The wait is bounded (MAX_SPIN polls): a program that never sees the others sets the failure flag,
+every later barrier returns at once, and the host, which reads the flag after every launch, redoes the work
+with another loop (gpu_tuning.py) instead of hanging or using the garbage. Data
 another program wrote in this launch is read with cache_modifier ".cg" (L2, not the SM's own L1).
 
 Operands are the compute dtype (bf16/fp16/fp32, fp64 for tests); accumulation, gates and cell state are
@@ -46,6 +53,16 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+# The phases (PHASES is a sum of these; the persistent loop runs them all, a grid barrier after each)
+R_PHASE = tl.constexpr(1)  # forward: r = W_mh h_{t-1}, m = pm * r
+GATES_PHASE = tl.constexpr(2)  # forward: z = W_m m, gates, c, h
+DH_PHASE = tl.constexpr(1)  # backward: dh = dy + W_mh^T d(r_{t+1}), the gate derivatives dG, the dc carry
+DM_PHASE = tl.constexpr(2)  # backward: dm = W_m^T dG (K = 4H), or its K slices under a split
+SUM_PHASE = tl.constexpr(4)  # backward, split over K only: the slices summed, dm's epilogue
+FWD_PHASES = (int(R_PHASE.value), int(GATES_PHASE.value))
+BWD_PHASES = (int(DH_PHASE.value), int(DM_PHASE.value), int(SUM_PHASE.value))
+FLAG_EVERY = tl.constexpr(256)  # barrier polls between reads of the failure flag
 
 
 @triton.jit
@@ -83,13 +100,18 @@ def _rows_dot(acc, a_ptr, a_off, a_ok, b_ptr, b_off, b_ok, K,
 
 
 @triton.jit
-def _four(acc, BU: tl.constexpr, BB: tl.constexpr):
-    """(4 BU, BB) rows g * BU + u -> the four (BU, BB) gate tiles g = 0, 1, 2, 3."""
-    x = tl.permute(tl.reshape(acc, (2, 2, BU, BB)), (2, 3, 0, 1))  # (u, b, g // 2, g % 2)
-    even, odd = tl.split(x)  # g % 2 == 0 / 1
-    g0, g2 = tl.split(even)
-    g1, g3 = tl.split(odd)
-    return g0, g1, g2, g3
+def _through(scratch, off, acc, mask):
+    """A product's accumulator out to `scratch` (this program's own tile of it, fp32) for its epilogue to read
+    back in the loads' layout. Done in registers, the epilogue ran in the tensor cores' layout, converting each
+    of its ~12 loads and stores through shared memory and holding ~16 registers an element: a (64, 128) tile
+    spilled at 255. Through L1/L2 it is one store and one load, and no spill."""
+    tl.store(scratch + off, acc, mask=mask)
+    tl.debug_barrier()  # the CTA's stores are visible to all its threads before any reads them back
+
+
+@triton.jit
+def _z(ptr, mask, ACC: tl.constexpr):
+    return tl.load(ptr, mask=mask, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -117,12 +139,12 @@ def _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod, B, H,
                 UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
     """r_t = W_mh h_{t-1} (hs row t holds h_{t-1}) for a (units, batch) tile; m_t = pm_t * r_t."""
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
-    mask = uok[:, None] & bok[None, :]
-    off = rb[None, :] * H + ru[:, None]  # (BU, BB) within one step's (B, H)
     if USE_DOT:
         acc = tl.zeros((BU, BB), dtype=ACC)
         acc = _rows_dot(acc, w_mh, ru * H, uok, hs + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
-    else:
+    mask = uok[:, None] & bok[None, :]
+    off = rb[None, :] * H + ru[:, None]  # (BU, BB) within one step's (B, H)
+    if not USE_DOT:
         acc = tl.load(prod + off, mask=mask, other=0.0).to(ACC)
     p = tl.load(pm + t * B * H + off, mask=mask, other=0.0).to(ACC)
     tl.store(rs + t * B * H + off, acc.to(rs.dtype.element_ty), mask=mask)
@@ -137,22 +159,21 @@ def _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod, B, H,
     """The four gates of a tile's units: pre = pg_t + W_m m_t; gates [si, sf, so, tu], c_t, tanh c_t, h_t.
     pg (T, B, 4H): [i, f, o, u] pre-activations W_x x_t + b; gates (T, B, 4H) in the same order."""
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
-    rows = _gate_rows(ru, H, BU)  # (4 BU,) W_m rows = columns of the step's (B, 4H) pre-activations
-    rok = tl.reshape(tl.broadcast_to(uok[None, :], (4, BU)), (4 * BU,))
     if USE_DOT:
+        rows = _gate_rows(ru, H, BU)  # (4 BU,) W_m rows = columns of the step's (B, 4H) pre-activations
+        rok = tl.reshape(tl.broadcast_to(uok[None, :], (4, BU)), (4 * BU,))
         acc = tl.zeros((4 * BU, BB), dtype=ACC)
         acc = _rows_dot(acc, w_m, rows * H, rok, ms + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
-    else:  # cuBLAS wrote the step's z = m_t W_m^T (B, 4H)
-        acc = tl.load(prod + rb[None, :] * 4 * H + rows[:, None], mask=rok[:, None] & bok[None, :], other=0.0)
-        acc = acc.to(ACC)
-    zi, zf, zo, zu = _four(acc, BU, BB)
+        _through(prod, rb[None, :] * 4 * H + rows[:, None], acc, rok[:, None] & bok[None, :])
+    # the step's z = m_t W_m^T (B, 4H) is in prod (this tile's product, or cuBLAS's)
     mask = uok[:, None] & bok[None, :]
     g = rb[None, :] * (4 * H) + ru[:, None]  # (BU, BB): gate i of (b, u); + g H for the others
     pgt = pg + t * B * 4 * H + g
-    si = _sigmoid(zi + tl.load(pgt, mask=mask, other=0.0).to(ACC))
-    sf = _sigmoid(zf + tl.load(pgt + H, mask=mask, other=0.0).to(ACC))
-    so = _sigmoid(zo + tl.load(pgt + 2 * H, mask=mask, other=0.0).to(ACC))
-    tu = _tanh(zu + tl.load(pgt + 3 * H, mask=mask, other=0.0).to(ACC))
+    z = prod + g
+    si = _sigmoid(_z(z, mask, ACC) + tl.load(pgt, mask=mask, other=0.0).to(ACC))
+    sf = _sigmoid(_z(z + H, mask, ACC) + tl.load(pgt + H, mask=mask, other=0.0).to(ACC))
+    so = _sigmoid(_z(z + 2 * H, mask, ACC) + tl.load(pgt + 2 * H, mask=mask, other=0.0).to(ACC))
+    tu = _tanh(_z(z + 3 * H, mask, ACC) + tl.load(pgt + 3 * H, mask=mask, other=0.0).to(ACC))
     off = rb[None, :] * H + ru[:, None]
     c = sf * tl.load(cs + t * B * H + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC) + si * tu
     tc = _tanh(c)
@@ -170,17 +191,19 @@ def _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod, B, H,
 @triton.jit
 def _grid_sync(bar, epoch, nprog, MAX_SPIN: tl.constexpr):
     """Wait until every program has arrived here for the epoch-th time; returns epoch + 1. bar: int32
-    [arrivals, failed]. A wait past MAX_SPIN polls (or one a failed program already gave up) sets failed."""
+    [arrivals, failed]. A wait past MAX_SPIN polls (or one a failed program already gave up) sets failed.
+    Only the counter is polled; the flag every FLAG_EVERY polls (half the atomics of reading both)."""
     tl.debug_barrier()  # this program's stores are issued before its arrival is published
     tl.atomic_add(bar, 1, sem="release", scope="gpu")
     target = (epoch + 1) * nprog
     seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-    failed = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+    failed = tl.atomic_add(bar + 1, 0, sem="relaxed", scope="gpu")
     spins = 0
     while (seen < target) & (failed == 0) & (spins < MAX_SPIN):
         seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-        failed = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
         spins += 1
+        if spins % FLAG_EVERY == 0:
+            failed = tl.atomic_add(bar + 1, 0, sem="relaxed", scope="gpu")
     if (seen < target) & (failed == 0):
         tl.atomic_xchg(bar + 1, 1, sem="release", scope="gpu")
     tl.debug_barrier()
@@ -189,7 +212,7 @@ def _grid_sync(bar, epoch, nprog, MAX_SPIN: tl.constexpr):
 
 @triton.jit(do_not_specialize=["t0", "t1", "B"])
 def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar, t0, t1, B, H,
-              PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
+              PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_R: tl.constexpr, BU_R: tl.constexpr, BB_G: tl.constexpr, BU_G: tl.constexpr,
               BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
               CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
@@ -201,13 +224,13 @@ def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar
     n_g = tl.cdiv(B, BB_G) * tl.cdiv(H, BU_G)
     epoch = 0
     for t in range(t0, t1):
-        if PHASE == 0 or PHASE == 1:
+        if R_PHASE & PHASES:
             for tile in range(pid, n_r, nprog):
                 _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod_r, B, H, BB_R, BU_R, BK, USE_DOT,
                             UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
-        if PHASE == 0 or PHASE == 2:
+        if GATES_PHASE & PHASES:
             for tile in range(pid, n_g, nprog):
                 _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod_g, B, H, BB_G, BU_G, BK,
                                 USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
@@ -229,27 +252,31 @@ def _bwd_h_tile(tile, t, WITH_DOT, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod,
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
     mask = uok[:, None] & bok[None, :]
     off = rb[None, :] * H + ru[:, None]  # (BU, BB)
+    if WITH_DOT and USE_DOT:
+        acc = tl.zeros((BU, BB), dtype=ACC)
+        acc = _rows_dot(
+            acc, w_mh_t, ru * H, uok, dr + (t + 1) * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE
+        )
+        _through(prod, off, acc, mask)
     dh = tl.load(dy + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    if WITH_DOT:
-        if USE_DOT:
-            dh = _rows_dot(dh, w_mh_t, ru * H, uok, dr + (t + 1) * B * H, rb * H, bok, H, BK,
-                           UPCAST, ACC, PREC, CACHE)  # fmt: skip
-        else:  # cuBLAS wrote d(r_{t+1}) W_mh (B, H)
-            dh += tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    if WITH_DOT:  # d(r_{t+1}) W_mh (B, H) is in prod (this tile's product, or cuBLAS's)
+        dh += tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    # each gate's derivative is stored as soon as its operands are in: a (64 units, 128 rows) tile keeps at
+    # most four (BU, BB) fp32 tensors live beside the accumulator, not ten (their spill was 1.6 KB at B256)
     g = gates + t * B * 4 * H + rb[None, :] * (4 * H) + ru[:, None]
-    si = tl.load(g, mask=mask, other=0.0).to(ACC)
-    sf = tl.load(g + H, mask=mask, other=0.0).to(ACC)
-    so = tl.load(g + 2 * H, mask=mask, other=0.0).to(ACC)
-    tu = tl.load(g + 3 * H, mask=mask, other=0.0).to(ACC)
-    c_prev = tl.load(cs + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    tc = tl.load(tcs + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    dcv = tl.load(dc + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC) + dh * so * (1.0 - tc * tc)
     d = dp + t * B * 5 * H + rb[None, :] * (5 * H) + H + ru[:, None]
     ty = dp.dtype.element_ty
-    tl.store(d, (dcv * tu * si * (1.0 - si)).to(ty), mask=mask)
-    tl.store(d + H, (dcv * c_prev * sf * (1.0 - sf)).to(ty), mask=mask)
+    so = tl.load(g + 2 * H, mask=mask, other=0.0).to(ACC)
+    tc = tl.load(tcs + t * B * H + off, mask=mask, other=0.0).to(ACC)
     tl.store(d + 2 * H, (dh * tc * so * (1.0 - so)).to(ty), mask=mask)
+    dcv = tl.load(dc + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC) + dh * so * (1.0 - tc * tc)
+    si = tl.load(g, mask=mask, other=0.0).to(ACC)
+    tu = tl.load(g + 3 * H, mask=mask, other=0.0).to(ACC)
+    tl.store(d, (dcv * tu * si * (1.0 - si)).to(ty), mask=mask)
     tl.store(d + 3 * H, (dcv * si * (1.0 - tu * tu)).to(ty), mask=mask)
+    sf = tl.load(g + H, mask=mask, other=0.0).to(ACC)
+    c_prev = tl.load(cs + t * B * H + off, mask=mask, other=0.0).to(ACC)
+    tl.store(d + H, (dcv * c_prev * sf * (1.0 - sf)).to(ty), mask=mask)
     tl.store(dc + off, (dcv * sf).to(dc.dtype.element_ty), mask=mask)
 
 
@@ -317,7 +344,7 @@ def _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H,
 
 @triton.jit(do_not_specialize=["t0", "t1", "T", "B"])
 def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, part, bar, t0, t1, T, B, H,
-              PHASE: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
+              PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,
               SPLIT: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr,
               PREC: tl.constexpr, CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
@@ -331,13 +358,13 @@ def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, pro
     epoch = 0
     for i in range(t0, t1):
         t = t1 - 1 - (i - t0)
-        if PHASE == 0 or PHASE == 1:
+        if DH_PHASE & PHASES:
             for tile in range(pid, n_h, nprog):
                 _bwd_h_tile(tile, t, t < T - 1, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod_h, B, H,
                             BB_H, BU_H, BK, USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
-        if PHASE == 0 or PHASE == 2:
+        if DM_PHASE & PHASES:
             if SPLIT == 1:
                 for tile in range(pid, n_m, nprog):
                     _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod_m, B, H, BB_M, BU_M, BK, USE_DOT,
@@ -350,7 +377,7 @@ def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, pro
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if SPLIT > 1:
-            if PHASE == 0 or PHASE == 3:
+            if SUM_PHASE & PHASES:
                 for tile in range(pid, n_h, nprog):
                     _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H, BB_H, BU_H, SPLIT, ACC, CACHE)
             if SYNC:

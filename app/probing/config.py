@@ -35,8 +35,8 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 @dataclass(kw_only=True, slots=True)
 class TransferConfig:
     checkpoint: str = ""
-    """A run directory (its latest complete checkpoint), its checkpoints/ folder, a step_XXXXXXXX folder, or
-    an export folder."""
+    """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
+    loss), its checkpoints/ folder, a step_XXXXXXXX folder, or an export folder."""
     train: str = ""
     """Labelled training texts: a .csv, .jsonl/.json or .parquet file (read through `datasets`)."""
     test: str = ""

@@ -1,6 +1,7 @@
 """Features of texts from a language model, through the recurrent prefill path (`RecurrentLayer.prefill`).
 
-Each text is read as [BOS, tokens...] (as in training). Texts are sorted by length and batched under a
+Each text is read as [BOS, tokens...] (as in training), after the model's `feature_preprocess` (an
+import's: `prepare_texts`). Texts are sorted by length and batched under a
 padded-token budget; in a right-padded batch every row's feature is taken after ITS last real token
 (the recurrence is causal, so the pads that follow never reach it); mean_hidden and max_hidden pool the
 layer's output over real positions only. One pass gives every kind; with several layers (--layer all,
@@ -11,6 +12,7 @@ the checkpoint's files and the text file's bytes, and read back with allow_pickl
 from __future__ import annotations
 
 import hashlib
+import html
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +43,22 @@ class FeatureSets:
     cached: bool
 
 
-def token_ids(tokenizer, texts: list[str]) -> list[np.ndarray]:
-    return [np.asarray([tokenizer.bos_id, *ids], dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
+def prepare_texts(texts: list[str], preprocess: str = "none") -> list[str]:
+    """The texts as the model's features read them (`feature_preprocess` of its export config): "openai" is
+    OpenAI's `preprocess` (utils.py of generating-reviews-discovering-sentiment: HTML entities unescaped,
+    newlines as spaces, stripped) padded " " + text + " ": after BOS, which an import reads as "\n", that is
+    their "\n " + text + " "; "none" leaves them as they are."""
+    if preprocess == "none":
+        return texts
+    if preprocess != "openai":
+        raise ValueError(f"unknown feature preprocessing {preprocess!r}")
+    return [" " + html.unescape(t).replace("\n", " ").strip() + " " for t in texts]
+
+
+def token_ids(tokenizer, texts: list[str], preprocess: str = "none") -> list[np.ndarray]:
+    """[BOS, tokens...] of each text, after `prepare_texts`."""
+    encoded = tokenizer.encode_batch(prepare_texts(texts, preprocess))
+    return [np.asarray([tokenizer.bos_id, *ids], dtype=np.int64) for ids in encoded]
 
 
 def length_batches(
@@ -182,9 +198,10 @@ def neuron_trace(model: LanguageModel, ids: np.ndarray, kind: str, layer: int, n
         x, _ = layer_mod.prefill(x, lengths)  # (1, T, H)
     probed = model.recurrent[layer]
     state = probed.init_state(1, dev, x.dtype)
+    weights = None if probed.cell == "lstm" else probed.weights()  # weight norm once, not once a step
     out = []
     for t in range(x.shape[1]):
-        y, state = probed.step(x[:, t], state)  # (1, H)
+        y, state = probed.step(x[:, t], state, weights)  # (1, H)
         v = state[1] if kind == "final_cell" else state[0] if kind == "final_hidden" else y
         out.append(float(v[0, neuron]))
     return np.asarray(out, dtype=np.float32)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.common.logs import progress_bar
+from app.common.logs import heartbeat, progress_bar
 from app.model.lm import LanguageModel
 from app.probing.features import length_batches
 from app.probing.head import best_thresholds, f1_per_label, sigmoid
@@ -241,14 +241,18 @@ def fine_tune(
             )
             break
     clf.load_state_dict(best_state)
-    val_score, _, thresholds = score(clf, val, cfg, pad_id)  # multi-label: the thresholds are chosen here
-    test_acc, test_pred, _ = score(clf, test, cfg, pad_id, thresholds)
+    with heartbeat(
+        f"fine-tune: the best epoch ({val_acc.index(best) + 1}) scored on test, validation and train", log
+    ):
+        val_best, _, thresholds = score(clf, val, cfg, pad_id)  # multi-label: the thresholds are chosen here
+        test_acc, test_pred, _ = score(clf, test, cfg, pad_id, thresholds)
+        train_acc = score(clf, train, cfg, pad_id, thresholds)[0]
     return FineTuned(
         val_accuracy_by_epoch=val_acc,
         train_loss_by_epoch=losses,
         best_epoch=val_acc.index(best) + 1,
-        val_accuracy=val_score,
-        train_accuracy=score(clf, train, cfg, pad_id, thresholds)[0],
+        val_accuracy=val_best,
+        train_accuracy=train_acc,
         test_accuracy=test_acc,
         test_pred=test_pred,
         tokens=tokens,

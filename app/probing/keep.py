@@ -61,9 +61,12 @@ def finetune_head(ft, layers: list[int], labels: list[str], multi: bool, max_tok
     )
 
 
-def keep(out: Path, src: Source, tok_meta: dict, lm_state: dict, head: Head, about: dict) -> Path:
+def keep(
+    out: Path, src: Source, tok_meta: dict, lm_state: dict, head: Head, about: dict, preprocess: str = "none"
+) -> Path:
     """Write the classifier folder `out`; `about`: C, the language model's source and digest, and the
-    validation and test figures (config.json's "classifier" gets them beside the head's fields)."""
+    validation and test figures (config.json's "classifier" gets them beside the head's fields);
+    `preprocess`: the source's feature_preprocess (how texts were prepared for the features)."""
     meta = {
         "method": head.method,
         "task": "multi_label" if head.multi_label else "single_label",
@@ -76,7 +79,7 @@ def keep(out: Path, src: Source, tok_meta: dict, lm_state: dict, head: Head, abo
         **about,
     }
     tensors = {"mean": head.mean, "scale": head.scale, "weight": head.weight, "bias": head.bias}
-    return write_classifier(out, lm_state, src, tok_meta, tensors, meta)
+    return write_classifier(out, lm_state, src, tok_meta, tensors, meta, preprocess)
 
 
 def load_head(path: str | Path, flag: str = "--classifier") -> tuple[KeptClassifier, Head]:

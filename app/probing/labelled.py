@@ -7,12 +7,14 @@ line 1, so row r is line r + 1).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.common.errors import UserError
 
 FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+DEFAULT_TEXT_FIELD = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,7 @@ class Labelled:
     texts: list[str]
     labels: list  # as given: str or int
     sha256: str  # of the file's bytes (the feature cache key)
+    text_field: str = DEFAULT_TEXT_FIELD  # the column the texts came from
     multi_label: bool = False  # labels: a tuple of label names per row (app/probing/multilabel.py)
 
 
@@ -40,14 +43,38 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
 
 
+def _text_column(ds, text_field: str, label_fields: list[str], say: Callable[[str], None] | None) -> str:
+    """`text_field`; where that is the default `text` and the file has no such column, its one string
+    column besides the label (GLUE/SST's `sentence`), said in one line through `say`."""
+    if text_field in ds.column_names or text_field != DEFAULT_TEXT_FIELD:
+        return text_field
+    strings = [
+        c for c in ds.column_names
+        if c not in label_fields and getattr(ds.features[c], "dtype", None) in ("string", "large_string")
+    ]  # fmt: skip
+    if len(strings) != 1:
+        return text_field  # none or several to choose from: the caller names the columns there are
+    if say is not None:
+        say(f"--text-field: no column 'text'; reading {strings[0]!r}, the one text column besides the label")
+    return strings[0]
+
+
 def read_labelled(
-    flag: str, path: str, text_field: str, label_field: str | list[str], multi: bool | None = None
+    flag: str,
+    path: str,
+    text_field: str,
+    label_field: str | list[str],
+    say: Callable[[str], None] | None = None,
+    multi: bool | None = None,
 ) -> Labelled:
-    """The rows of `path`; several label fields, or one whose values are lists, make a multi-label set
-    (`multi` None: found out from the file; True/False: as --train was read)."""
+    """The texts and labels of one file; a missing default `text` column is its only string column (said
+    through `say`: pass it for the first file read, whose column the others then name). Several label
+    fields, or one whose values are lists, make a multi-label set (`multi` None: found out from the file;
+    True/False: as --train was read)."""
     fields = [label_field] if isinstance(label_field, str) else list(label_field)
     p = Path(path)
     ds = _load(flag, p)
+    text_field = _text_column(ds, text_field, fields, say)
     for field, what in ((text_field, "--text-field"), *((f, "--label-field") for f in fields)):
         if field not in ds.column_names:
             raise UserError(
@@ -65,7 +92,7 @@ def read_labelled(
     if multi is None:
         multi = len(fields) > 1 or any(isinstance(v, list) for v in columns[0])
     labels = _multi_labels(columns, fields, f"--{flag} {p}") if multi else _single_labels(columns[0], flag, p)
-    return Labelled(p, list(texts), labels, hashlib.sha256(p.read_bytes()).hexdigest(), multi)
+    return Labelled(p, list(texts), labels, hashlib.sha256(p.read_bytes()).hexdigest(), text_field, multi)
 
 
 def _single_labels(labels: list, flag: str, p: Path) -> list:

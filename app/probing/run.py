@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
 from app.common.errors import UserError
 from app.common.files import atomic_write
+from app.common.logs import heartbeat
 from app.probing.bounds import cap_counts, check_batches
 from app.probing.config import FEATURES, TransferConfig, parse_layers
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
@@ -62,9 +64,9 @@ class Transfer:
         self.cfg = cfg
         self.src = open_source(cfg.checkpoint)
         self.tokenizer = self.src.tokenizer()
-        f = (cfg.text_field, cfg.label_field)
-        self.train = read_labelled("train", cfg.train, *f)
+        self.train = read_labelled("train", cfg.train, cfg.text_field, cfg.label_field, say=_progress)
         self.multi = self.train.multi_label
+        f = (self.train.text_field, cfg.label_field)  # the column --train's texts came from
         self.test = read_labelled("test", cfg.test, *f, multi=self.multi)
         self.val = (
             read_labelled("validation", cfg.validation, *f, multi=self.multi) if cfg.validation else None
@@ -92,7 +94,7 @@ class Transfer:
 
         c = self.cfg
         paths = {
-            k: cache_path(self.out / "features", ckpt_digest, data.sha256, c.text_field, k, self.layers)
+            k: cache_path(self.out / "features", ckpt_digest, data.sha256, data.text_field, k, self.layers)
             for k in self.kinds
         }
         pad = self.tokenizer.pad_id
@@ -106,11 +108,14 @@ class Transfer:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
         from app.probing.features import checkpoint_digest, token_ids
 
-        digest = self.digest = checkpoint_digest(self.src.path)
+        digest = self.digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
+        preprocess = self.preprocess = feature_preprocess(self.src.path)
+        if preprocess != "none":
+            _progress(f"texts prepared as feature_preprocess {preprocess!r} of {self.src.path} says")
         sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
         out = {}
         for name, data in sets.items():
-            ids = token_ids(self.tokenizer, data.texts)
+            ids = token_ids(self.tokenizer, data.texts, preprocess)
             check_batches(f"featurizing --{name}", ids, self.cfg, model.cfg, 1, training=False, model=model)
             out[name] = (self._features(model, name, data, ids, digest), ids)
         return out
@@ -145,7 +150,8 @@ class Transfer:
 
         val_texts = self.val.texts if self.val is not None else None
         splits = self._pairs(self.train.texts, val_texts, self.test.texts)
-        return ngram_baseline(*splits, self.cfg.seed, self.classes.names if self.multi else None)
+        with heartbeat("n-gram baseline: tf-idf word 1-2 and char 2-5 grams, logistic regression", _progress):
+            return ngram_baseline(*splits, self.cfg.seed, self.classes.names if self.multi else None)
 
     def _probe(self, feats: dict):
         """The probe of each feature kind tried; the validation accuracy (best over C; multi-label: macro F1)
@@ -205,16 +211,22 @@ class Transfer:
         return self.y["test"][:, self.classes.names.index(label)], [f"not {label}", label]
 
     def _plots(
-        self, model, feats: dict, kind: str, neuron: int, y: np.ndarray, names: list[str]
+        self, model, feats: dict, kind: str, single: dict, y: np.ndarray, names: list[str]
     ) -> list[str]:
         from app.probing.features import neuron_trace
-        from app.probing.plots import char_values, heatmap, histogram
+        from app.probing.plots import char_values, heatmap, histogram, histogram_title
 
         self.out.mkdir(parents=True, exist_ok=True)
-        X = feats["test"][0].features[kind]
-        histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron)
-        H = model.cfg.hidden_dim
+        neuron, H = single["neuron"], model.cfg.hidden_dim
         layer, unit = self.layers[neuron // H], neuron % H  # layers side by side: H units each
+        X = feats["test"][0].features[kind]
+        acc = single["test_accuracy"]
+        title = (
+            histogram_title(kind, layer, unit, acc)
+            if acc is not None
+            else f"{kind}, layer {layer}, unit {unit}"
+        )
+        histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron, title)
         files = ["top_neuron_hist.png"]
         # a few test texts, alternating classes so each colour story shows
         picks = [
@@ -275,7 +287,7 @@ class Transfer:
             "test": {metric: chosen[f"test_{metric}"]},
         }
         tok_meta = {**self.tokenizer.meta(), **self.src.tokenizer_meta}
-        return str(keep(self.out / "classifier", self.src, tok_meta, lm_state, head, about))
+        return str(keep(self.out / "classifier", self.src, tok_meta, lm_state, head, about, self.preprocess))
 
     def run(self) -> dict:
         from app.probing.multilabel import multi_label_result
@@ -287,7 +299,8 @@ class Transfer:
         kind, probe, mean, scale, best_val = self._probe(feats)
         tr_idx, val_idx = self._split()
         split = None if val_idx is None else (len(tr_idx), len(val_idx))
-        pngs = self._plots(model, feats, kind, probe.single["neuron"], *self._plot_classes(probe))
+        with heartbeat("figures: the top neuron's histogram and per-character trace", _progress):
+            pngs = self._plots(model, feats, kind, probe.single, *self._plot_classes(probe))
         finetuned = self._finetune(model, feats)
         if self.multi:
             fields, probe_val, probe_test = multi_label_result(probe, self.y), probe.val_macro_f1, probe.test

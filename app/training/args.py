@@ -41,7 +41,7 @@ SECTIONS = ("train", "model", "deepspeed")
 # What a run's config.json records besides its settings: results, read back as nothing.
 RECORDED = (
     "layout", "data", "code", "total_steps", "steps_per_epoch", "world_size", "threads_per_process",
-    "layer_costs", "partition",
+    "layer_costs", "partition", "schedule",
 )  # fmt: skip
 DS_SETTINGS = ("lr", "micro_batch", "grad_accum", "global_batch", "precision")
 
@@ -56,10 +56,15 @@ class TrainArgs(NamedTuple):
 
 def build_parser(description: str = "") -> FlagParser:
     p = FlagParser(description=description, epilog=epilog())
+    # the two settings a run cannot do without (either may come from --config instead), then the rest
+    p.usage = "%(prog)s --deepspeed_config FILE --data DIR [--config FILE] [options] [KEY=VALUE ...]"
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the launcher
     ds = p.add_argument_group("DeepSpeed")
     ds.add_argument(
-        "--deepspeed_config", metavar="FILE", help="DeepSpeed JSON (batch, optimizer, ZeRO, precision)."
+        "--deepspeed_config",
+        metavar="FILE",
+        help="Required: the DeepSpeed JSON (batch, optimizer, ZeRO, precision), a path or a shipped config's "
+        "name (e.g. cpu_pp2_zero1.json); or --deepspeed FILE, or `deepspeed:` in --config.",
     )
     ds.add_argument(
         "--deepspeed",

@@ -23,7 +23,8 @@ WANDB_ARTIFACTS = typing.get_args(WandbArtifacts)
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     data: str = ""
-    """Directory written by `python -m data_prep` (holds meta.json and the train/validation/test splits)."""
+    """Required: the directory written by `python -m data_prep` (holds meta.json and the train/validation/test
+    splits)."""
     model_config: str | None = None
     """A model preset (listed at the end of --help) or a JSON file with a ModelConfig; default: the `small`
     preset, sized for the data's vocabulary."""
@@ -41,21 +42,24 @@ class TrainConfig:
     """Train for this many passes over the training split (default 1 when neither --max-steps nor
     --time-budget is given)."""
     time_budget: float | None = None
-    """Minutes of training on the wall clock: the lr decays over the elapsed share of the budget (warmup
-    still counts --warmup-steps) and the run stops in time for its final evaluation and save, estimated
-    from measured evaluation and save times. Counts the loop from the first step, not start-up or the
-    sanity evaluation; carried across resumes.
+    """Minutes of training on the wall clock: the lr decays over the elapsed share of the budget, to its
+    floor on the last step, and the run stops in time for its final evaluation and save, estimated from
+    measured evaluation and save times. Warmup, validation and saves default to shares of the steps the
+    budget is expected to hold, measured after the first 3 steps. Counts the loop from the first step, not
+    start-up or the sanity evaluation; carried across resumes, with its schedule.
     --max-steps/--epochs, when given, stop it earlier. Not step-reproducible (the clock decides)."""
-    eval_every: int = 200
-    """Evaluate on the validation split every N steps (0: only at the end)."""
+    eval_every: int | None = None
+    """Evaluate on the validation split every N steps (0: only at the end). Default: 200; with --time-budget,
+    every 10% of the steps the budget is expected to hold."""
     eval_max_batches: int = 0
     """Cap on validation batches per periodic evaluation (0: the whole split). Final evaluations use all.
     Capped, in one line, at the validation split's batches."""
     sanity_eval_batches: int = 2
     """Validation batches evaluated before the first step, so a broken setup fails in seconds (0: skip);
     at most the validation split's."""
-    save_every: int = 500
-    """Save a checkpoint every N steps (0: only at the end)."""
+    save_every: int | None = None
+    """Save a checkpoint every N steps (0: only at the end). Default: 500; with --time-budget, at each
+    validation."""
     keep_last: int = 3
     """Keep the newest K complete checkpoints; older ones are deleted (never the one `latest` names)."""
     resume: str | None = None
@@ -70,8 +74,9 @@ class TrainConfig:
     """Seed for weights, data order and dropout."""
     log_every: int = 10
     """Print one metrics line every N steps."""
-    warmup_steps: int = 100
-    """Linear learning-rate warmup steps."""
+    warmup_steps: int | None = None
+    """Linear learning-rate warmup steps. Default: 100; with --time-budget, 5% of the steps the budget is
+    expected to hold (at most 100), measured after the first 3 steps."""
     lr_decay: LrDecay = "cosine"
     """Decay after warmup: cosine, linear or constant."""
     min_lr_ratio: float = 0.1
@@ -166,7 +171,8 @@ class TrainConfig:
             f"must be > 0 minutes, got {self.time_budget}",
         )
         for name in ("eval_every", "eval_max_batches", "sanity_eval_batches", "save_every", "warmup_steps"):
-            need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)  # None: the default that follows the run's length (run_schedule)
+            need(value is None or value >= 0, name, f"must be >= 0, got {value}")
         need(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
         need(self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}")
         need(

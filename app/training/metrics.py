@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.training.run_schedule import MEASURE_STEPS
 from app.training.tracking import Tracker
+
+
+def untrained_note(tokenizer: dict) -> str:
+    """What the first evaluation of a byte model reads, said once (8 bits a byte looks like a bug): an
+    untrained model spreads its probability over every id, log2(ids) bits a token, and a token is a byte."""
+    if tokenizer.get("type") != "byte":
+        return ""
+    ids = int(tokenizer.get("vocab_size", 0))
+    return (
+        f" (an untrained byte model reads about log2({ids}) = {math.log2(ids):.2f} bits/byte, uniform over its "
+        f"{ids} ids: the figure learning brings down)"
+        if ids > 1
+        else ""
+    )
 
 
 def fmt_count(x: float) -> str:
@@ -27,6 +44,8 @@ class StepStats:
     grad_norm: float | None
     tokens: int
     tokens_seen: int  # every step's tokens so far, this one's included (kept across a resume)
+    bytes_seen: int  # the bytes of text they are
+    elapsed_s: float  # training seconds so far, on the run's clock (kept across a resume)
     padded: int
     num_bytes: int
     seconds: float
@@ -48,8 +67,12 @@ class StepLogger:
         log_every: int,
         progress: bool,
         initial_step: int,
+        schedule_line: Callable[[float], str] | None = None,
     ) -> None:
+        """`schedule_line(seconds a step)`: the run's schedule, logged once the first steps are timed (a
+        budgeted run's is said by its TimeBudget, which decides it)."""
         self.tracker, self.log = tracker, log
+        self.schedule_line, self.first_steps = schedule_line, []
         self.flops_tok, self.peak_all = flops_per_token, peak_flops  # the whole world's (peak_flops.py)
         self.total, self.spe, self.log_every = total_steps, steps_per_epoch, log_every
         self.window_tokens, self.window_time = 0, 0.0
@@ -77,10 +100,18 @@ class StepLogger:
             "train/padding_efficiency": s.tokens / max(1, s.padded),
             "train/skipped_steps": s.skipped_total,
             "train/mfu": self._mfu(self.flops_tok * s.tokens / s.seconds),
+            "train/tflops": self.flops_tok * s.tokens / s.seconds / 1e12,  # achieved, beside the MFU
             "train/epoch": s.step / self.spe,
             "train/tokens": s.tokens_seen,
+            "train/bytes": s.bytes_seen,
+            "train/elapsed_s": s.elapsed_s,
         }
         self.tracker.log_metrics(metrics, s.step)
+        if self.schedule_line is not None:
+            self.first_steps.append(s.seconds)
+            if len(self.first_steps) == MEASURE_STEPS:
+                self.log.info(self.schedule_line(statistics.median(self.first_steps)))
+                self.schedule_line = None
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{s.loss:.3f}", tok_s=fmt_count(s.tokens / s.seconds))
@@ -91,19 +122,19 @@ class StepLogger:
             line = (
                 f"step {s.step}{of} | loss {s.loss:.4f} | bpb {metrics['train/bpb']:.3f} | "
                 f"lr {s.lr:.2e} | gnorm {gnorm:.3f} | tok/s {fmt_count(tps)} | "
-                f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self._mfu(self.flops_tok * tps):.1%} | "
-                f"skipped {s.skipped_total}"
+                f"pad {metrics['train/padding_efficiency']:.3f} | mfu {self._mfu(self.flops_tok * tps):.1%} "
+                f"({self.flops_tok * tps / 1e12:.3g} TFLOP/s) | skipped {s.skipped_total}"
             )
             self.log.info(line)  # through the bar when one is on screen (app.common.logs)
             self.window_tokens, self.window_time = 0, 0.0
 
     def _mfu(self, flops_per_s: float) -> float:
-        """MFU of a rate, never above 1: a step faster than the peak timed at start (timed while the core
+        """MFU of a rate, never above 1: a step faster than the machine's peak (one measured while the core
         was busy elsewhere, or a CPU that turbos under our load) makes that rate the peak, said once."""
         if flops_per_s > self.peak_all:
             if not self._raised:
                 self.log.info(
-                    f"MFU: a step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the peak timed at start "
+                    f"MFU: a step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the machine's peak "
                     f"({self.peak_all / 1e12:.3f}): MFU is now against the fastest rate seen"
                 )
                 self._raised = True

@@ -29,7 +29,7 @@ from app.parallel.layout import (
     optimizer_lr,
     resolve_layout,
 )
-from app.training import bounds
+from app.training import bounds, run_schedule
 from app.training.config import TrainConfig
 
 
@@ -56,6 +56,10 @@ class RunPlan:
             "data": self.data.describe(),
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,
+            # a step-count run's schedule; a budgeted one's is decided after its first steps (checkpoints)
+            "schedule": None
+            if self.cfg.time_budget
+            else run_schedule.for_steps(run_schedule.given(self.cfg)).as_dict(),
             "world_size": self.world,
             "threads_per_process": threads,
         }
@@ -137,4 +141,9 @@ def plan_run(
     total_steps: int | None = cfg.max_steps
     if cfg.max_steps is None and (cfg.epochs or cfg.time_budget is None):
         total_steps = max(1, math.ceil((cfg.epochs or 1.0) * steps_per_epoch))
+    if (
+        not cfg.time_budget
+    ):  # the step counts in force (a budget's are decided once its first steps are timed)
+        counts = run_schedule.for_steps(run_schedule.given(cfg)).as_dict()
+        cfg = dataclasses.replace(cfg, **{k: counts[k] for k in run_schedule.FIELDS})
     return RunPlan(cfg, model_cfg, ds_json, src, layout, data, world, steps_per_epoch, total_steps)

@@ -2,7 +2,10 @@
 
 - `plot_run(run_dir)`: <run>/plots/ loss.png and bpb.png (train and validation, vs step and vs tokens),
   lr.png, throughput.png (tokens/s and MFU). Rank 0 rewrites them at each validation and at the end.
-- `plot_runs(run_dirs, out)`: several runs overlaid in one figure (`app/plot.py`).
+- `plot_runs(run_dirs, out)`: several runs compared in one figure (`app/plot.py`): bits per byte against
+  the bytes of text seen and against the wall clock (a SentencePiece run and a byte run compare there,
+  where nats per token would make the byte run look twice as good), the gradient norm, the learning rate,
+  the throughput, and the wall clock itself.
 
 Train curves are drawn raw (faint) under a moving average; validation points are the periodic and final
 evaluations ("val/..."). The figure API (`matplotlib.figure.Figure`) is used, not pyplot: no global
@@ -66,17 +69,36 @@ def curves(name: str, records: list[dict]) -> Curves:
                 by_step[kind].setdefault(rec["step"], {}).update(rec)
     out = Curves(name)
     train = [by_step["train"][s] for s in sorted(by_step["train"])]
-    keys = ("train/loss", "train/bpb", "train/lr", "train/tokens_per_s", "train/mfu")
+    keys = ("train/loss", "train/bpb", "train/lr", "train/tokens_per_s", "train/mfu", "train/grad_norm")
     out.train = {k: np.asarray([_number(r.get(k)) for r in train]) for k in keys}
     out.train["step"] = np.asarray([r["step"] for r in train], dtype=np.int64)
     out.train["tokens"] = np.asarray([_number(r.get("train/tokens")) for r in train])
+    out.train["bytes"], out.train["seconds"] = _bytes_and_seconds(train, out.train)
     val = [by_step["val"][s] for s in sorted(by_step["val"])]
     out.val = {k: np.asarray([_number(r.get(k)) for r in val]) for k in ("val/loss", "val/bpb")}
     out.val["step"] = np.asarray([r["step"] for r in val], dtype=np.int64)
-    # a validation at step s has seen the tokens of steps 1..s
-    at = dict(zip(out.train["step"].tolist(), out.train["tokens"].tolist()))
-    out.val["tokens"] = np.asarray([at.get(s, math.nan) for s in out.val["step"].tolist()])
+    # a validation at step s has seen the tokens (bytes, seconds) of steps 1..s
+    for x in ("tokens", "bytes", "seconds"):
+        at = dict(zip(out.train["step"].tolist(), out.train[x].tolist()))
+        out.val[x] = np.asarray([at.get(s, math.nan) for s in out.val["step"].tolist()])
     return out
+
+
+def _bytes_and_seconds(train: list[dict], t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of text seen and the training seconds at each step: as recorded (train/bytes,
+    train/elapsed_s), or, in a run that did not record them, from each step's figures (its bytes are
+    loss x tokens / ln 2 / bits-per-byte; its seconds, tokens over tokens/s: the steps' own time)."""
+    recorded = (
+        [_number(r.get("train/bytes")) for r in train],
+        [_number(r.get("train/elapsed_s")) for r in train],
+    )
+    if train and all(math.isfinite(b) for b in recorded[0] + recorded[1]):
+        return np.asarray(recorded[0]), np.asarray(recorded[1])
+    step_tokens = np.diff(t["tokens"], prepend=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step_bytes = t["train/loss"] * step_tokens / math.log(2) / t["train/bpb"]
+        step_seconds = step_tokens / t["train/tokens_per_s"]
+    return np.nancumsum(step_bytes), np.nancumsum(step_seconds)
 
 
 def smooth(y: np.ndarray) -> np.ndarray:
@@ -187,23 +209,42 @@ def _run_curves(run: str) -> Curves:
     return c
 
 
+def _compare(ax, c: Curves, x: str, scale: float, color: str, label: str) -> None:
+    """Bits per byte against `x` (train: moving average; validation: points), x divided by `scale`."""
+    if len(c.train["step"]):
+        ax.plot(c.train[x] / scale, smooth(c.train["train/bpb"]), lw=1.0, alpha=0.6, color=color)
+    if len(c.val["step"]):
+        ax.plot(c.val[x] / scale, c.val["val/bpb"], "o-", ms=4, lw=1.4, color=color, label=label)
+
+
 def plot_runs(runs: list[str], out: Path) -> list[Curves]:
-    """Overlay runs: train loss and validation bits/byte vs tokens, learning rate, throughput vs step."""
+    """Runs compared in one figure: bits per byte (a line: train, moving average; points: validation)
+    against the MB of text seen and against the wall clock; gradient norm, learning rate and tokens/s
+    against steps; the wall clock against steps."""
     all_curves = [_run_curves(r) for r in runs]
     names = [c.name for c in all_curves]
-    fig, (loss, bpb, lr, tps) = _figure(4, rows=2)
+    fig, axes = _figure(6, rows=2)
+    by_bytes, by_time, gnorm, lr, tps, clock = axes
     for i, c in enumerate(all_curves):
         color, label = f"C{i % 10}", c.name if names.count(c.name) == 1 else f"{c.name} ({runs[i]})"
+        _compare(by_bytes, c, "bytes", 1e6, color, label)
+        _compare(by_time, c, "seconds", 60.0, color, label)
         if len(c.train["step"]):
-            loss.plot(c.train["tokens"], smooth(c.train["train/loss"]), lw=1.4, color=color, label=label)
-            lr.plot(c.train["step"], c.train["train/lr"], lw=1.2, color=color, label=label)
-            tps.plot(c.train["step"], smooth(c.train["train/tokens_per_s"]), lw=1.2, color=color, label=label)
-        if len(c.val["step"]):
-            bpb.plot(c.val["tokens"], c.val["val/bpb"], "o-", ms=4, lw=1.2, color=color, label=label)
-    _style(loss, "tokens seen", "train loss (nats/token, moving average)")
-    _style(bpb, "tokens seen", "validation bits/byte")
+            s = c.train["step"]
+            gnorm.plot(s, smooth(c.train["train/grad_norm"]), lw=1.2, color=color, label=label)
+            lr.plot(s, c.train["train/lr"], lw=1.2, color=color, label=label)
+            tps.plot(s, smooth(c.train["train/tokens_per_s"]), lw=1.2, color=color, label=label)
+            clock.plot(s, c.train["seconds"] / 60.0, lw=1.2, color=color, label=label)
+    _style(by_bytes, "MB of text seen", "bits/byte (line: train, points: validation)")
+    _style(by_time, "training time (min)", "bits/byte (line: train, points: validation)")
+    _style(gnorm, "step", "gradient norm (moving average)")
     _style(lr, "step", "learning rate")
     _style(tps, "step", "tokens/s (moving average)")
+    _style(clock, "step", "training time (min)")
+    fig.suptitle(
+        f"{' vs '.join(dict.fromkeys(names))}: bits per byte against the text seen and the wall clock",
+        fontsize=11,
+    )
     try:
         _save(fig, out)
     except OSError as e:

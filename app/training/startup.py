@@ -27,11 +27,12 @@ from app.model.config import ModelConfig, flops_per_token
 from app.model.layers import RecurrentLayer
 from app.parallel.engine import Engine
 from app.parallel.layout import Layout, engine_config
-from app.training import carry_state
+from app.training import carry_state, run_schedule
 from app.training.config import TrainConfig
 from app.training.metrics import StepLogger
 from app.training.peak_flops import world_peak
 from app.training.plan import RunPlan
+from app.training.run_schedule import Schedule
 from app.training.schedule import lr_multiplier
 from app.training.state import TrainState
 from app.training.time_budget import TimeBudget
@@ -160,10 +161,10 @@ def resume_from(
 
 
 def time_budget_for(
-    cfg: TrainConfig, data: RunData, params: int, state: TrainState, info: Info
+    cfg: TrainConfig, data: RunData, params: int, state: TrainState, total_steps: int | None, info: Info
 ) -> TimeBudget:
-    """--time-budget: the estimates the stop rule starts from (the evaluations' sizes, the parameter count)
-    and the budget a resumed run has left."""
+    """--time-budget: the estimates the stop rule starts from (the evaluations' sizes, the parameter count),
+    the budget a resumed run has left and the schedule it recorded (the counts given on top)."""
     tokens = {s: int(np.sum(data.store(s).lengths)) for s in ("validation", "test")}
     val_batches = data.schedule("validation").steps_per_epoch
     capped = min(1.0, cfg.eval_max_batches / max(1, val_batches)) if cfg.eval_max_batches else 1.0
@@ -173,11 +174,11 @@ def time_budget_for(
         final_eval_tokens=tokens["validation"] + (tokens["test"] if cfg.test_eval else 0),
         periodic_eval_tokens=int(capped * tokens["validation"]),
         params=params,
-        warmup=cfg.warmup_steps,
+        given=run_schedule.given(cfg),
+        schedule=_recorded_schedule(state, run_schedule.given(cfg)),
         decay=cfg.lr_decay,
         min_ratio=cfg.min_lr_ratio,
-        eval_every=cfg.eval_every,
-        save_every=cfg.save_every,
+        max_steps=total_steps,
     )
     left = budget.budget_s - state.train_seconds
     info(
@@ -185,6 +186,15 @@ def time_budget_for(
         f"which ends in time for the final evaluation and save (not step-reproducible)"
     )
     return budget
+
+
+def _recorded_schedule(state: TrainState, given: dict[str, int]) -> Schedule | None:
+    """The schedule a resumed budgeted run decided (None: a fresh run, or one saved before it decided), with
+    the counts given now on top."""
+    recorded = Schedule.recorded(state.schedule)
+    if recorded is None:
+        return None
+    return Schedule(**(recorded.as_dict() | given))
 
 
 def measure_peak(plan: RunPlan, engine: Engine) -> tuple[float, str]:
@@ -217,6 +227,10 @@ def start_tracking(
     state.wandb_id = tracker.run_id
     peak, peak_line = peak
     log.info(peak_line)
+    schedule_line = None
+    if not cfg.time_budget:  # a budgeted run's schedule is decided, and said, by its TimeBudget
+        fixed = run_schedule.for_steps(run_schedule.given(cfg))
+        schedule_line = functools.partial(_steps_schedule_line, fixed, plan)
     metrics = StepLogger(
         tracker,
         log,
@@ -227,5 +241,19 @@ def start_tracking(
         log_every=cfg.log_every,
         progress=cfg.progress,
         initial_step=state.step,
+        schedule_line=schedule_line,
     )
     return tracker, metrics
+
+
+def _steps_schedule_line(schedule: Schedule, plan: RunPlan, step_s: float) -> str:
+    cfg = plan.cfg
+    return run_schedule.describe(
+        schedule,
+        step_s=step_s,
+        total_steps=plan.total_steps,
+        budget_min=None,
+        decay=cfg.lr_decay,
+        min_ratio=cfg.min_lr_ratio,
+        lr=cfg.lr,
+    )

@@ -6,8 +6,8 @@ compile, the sanity evaluation) is not counted. A checkpoint records the trainin
 so far, so a resumed run continues the same budget (time after the last checkpoint of a killed run is
 lost with the steps it paid for).
 
-The stop rule, decided by rank 0 before every step and broadcast (`Trainer` does the broadcast; every rank
-then sets the same lr and stops at the same step):
+The stop rule, decided by rank 0 before every step and broadcast (`agree`; every rank then sets the same lr,
+validates and saves at the same steps and stops at the same step):
 
     stop when  elapsed + next step (+ the periodic evaluation / save it triggers) + reserve  >  budget
 
@@ -18,7 +18,11 @@ per token, an overestimate as a forward pass is about a third of a step), the la
 guess from the parameter count), each scaled by SAFETY plus MARGIN_S seconds for closing the logs, and
 at most MAX_RESERVE of the budget (a larger estimate is logged: training that time matters more than
 ending on the second). The step estimate is the median of the last few steps. The learning rate decays
-over the training time: the elapsed share of `budget - reserve` (see `schedule.budget_lr_multiplier`).
+over the training time: the elapsed share of `budget - reserve` (see `schedule.budget_lr_multiplier`),
+and reaches its floor on the last step that fits (the one after which the next would not).
+
+The warmup and the validation and save points default to shares of the steps the budget is expected to
+hold, decided once the first steps are timed (app/training/run_schedule.py).
 
 Time-budgeted runs are not step-reproducible: the stop step and every post-warmup learning rate depend
 on the machine's speed and load (two runs with the same seed agree until their clocks differ).
@@ -26,10 +30,16 @@ on the machine's speed and load (two runs with the same seed agree until their c
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+
+from app.training import run_schedule
+from app.training.run_schedule import EVAL_SHARE, MEASURE_STEPS, Schedule
 from app.training.schedule import budget_lr_multiplier
 
 SAFETY = 1.5  # the final phase's estimate is scaled by this (evaluation speed varies with load)
@@ -86,20 +96,23 @@ class TimeBudget:
         final_eval_tokens: int,
         periodic_eval_tokens: int,
         params: int,
-        warmup: int,
+        given: dict[str, int],
+        schedule: Schedule | None,
         decay: str,
         min_ratio: float,
-        eval_every: int,
-        save_every: int,
+        max_steps: int | None = None,
     ) -> None:
+        """`given`: the counts given in steps (run_schedule.given); `schedule`: the one a resumed run recorded
+        (None: decided after the first steps)."""
         self.budget_s, self.decay_from = budget_s, decay_from
         self.final_eval_tokens, self.periodic_eval_tokens = final_eval_tokens, periodic_eval_tokens
         self.params = params
-        self.lr_kw = dict(warmup=warmup, decay=decay, min_ratio=min_ratio)
-        self.eval_every, self.save_every = eval_every, save_every
+        self.given, self.schedule, self.max_steps = given, schedule, max_steps
+        self.decay, self.min_ratio = decay, min_ratio
         self.est = Estimates()
         self.fraction = 0.0
         self._reserve_warned = False
+        self._schedule_due = True  # said once per process, when it is known and steps have been timed
 
     # ---- measurements
     def note_step(self, seconds: float, tokens: int) -> None:
@@ -145,15 +158,37 @@ class TimeBudget:
             "(data_prep --val-fraction) or --test-eval false shortens them"
         )
 
-    def next_cost(self, next_step: int) -> float:
-        """The next step, plus the periodic evaluation and save that step triggers."""
-        cost = self.est.step_s()
-        if self.eval_every and next_step % self.eval_every == 0:
-            periodic = self.est.periodic_eval_s
-            cost += periodic if periodic is not None else self.periodic_eval_tokens * self.est.eval_rate()
-        if self.save_every and next_step % self.save_every == 0:
+    def periodic_estimate(self) -> float:
+        """Seconds of one periodic evaluation."""
+        periodic = self.est.periodic_eval_s
+        return periodic if periodic is not None else self.periodic_eval_tokens * self.est.eval_rate()
+
+    def points(self) -> tuple[int, int]:
+        """(validate every, save every) in steps as decided; before that, the counts given (0: none yet)."""
+        s = self.schedule or run_schedule.provisional(self.given)
+        if s is None:
+            return self.given.get("eval_every", 0), self.given.get("save_every", 0)
+        return s.eval_every, s.save_every
+
+    def next_cost(self, next_step: int, high: bool = False) -> float:
+        """The next step, plus the periodic evaluation and save that step triggers (`high`: all of it
+        SAFETY x, and the slowest recent step rather than the median)."""
+        cost = max(self.est.steps, default=0.0) if high else self.est.step_s()
+        eval_every, save_every = self.points()
+        if eval_every and next_step % eval_every == 0:
+            cost += self.periodic_estimate()
+        if save_every and next_step % save_every == 0:
             cost += self.save_estimate()
-        return cost
+        return SAFETY * cost if high else cost
+
+    def expected_steps(self, step: int, elapsed: float, reserve: float) -> float:
+        """Steps the budget will hold at the measured step time, the default validations and saves (one
+        every EVAL_SHARE of the run) paid for; at most --max-steps."""
+        left = self.budget_s - reserve - elapsed
+        if "eval_every" not in self.given:
+            left -= round(1 / EVAL_SHARE) * (self.periodic_estimate() + self.save_estimate())
+        expected = step + max(1.0, left / max(self.est.step_s(), 1e-9))
+        return min(expected, self.max_steps) if self.max_steps else expected
 
     # ---- the decision (rank 0)
     def decide(self, step: int, elapsed: float) -> tuple[float, bool]:
@@ -161,8 +196,70 @@ class TimeBudget:
         runs' included): (lr multiplier for the step, stop now)."""
         reserve = self.reserve()
         self.fraction = max(self.fraction, train_fraction(elapsed, self.budget_s, reserve))
-        if self.decay_from is None and step >= self.lr_kw["warmup"]:
-            self.decay_from = self.fraction  # the warmup just ended: the decay spans the rest of the time
+        if self.schedule is None and len(self.est.steps) >= MEASURE_STEPS:
+            self.schedule = run_schedule.for_budget(
+                self.given, self.expected_steps(step, elapsed, reserve), step
+            )
         stop = should_stop(elapsed, self.budget_s, self.next_cost(step + 1), reserve)
-        mult = budget_lr_multiplier(step, self.fraction, self.decay_from or 0.0, **self.lr_kw)
+        warm = run_schedule.warmup_multiplier(step, self.schedule or run_schedule.provisional(self.given))
+        if warm is not None:
+            return warm, stop
+        if self.decay_from is None:
+            self.decay_from = self.fraction  # the warmup just ended: the decay spans the rest of the time
+        if not stop and self.last_step(step, elapsed, reserve):
+            self.fraction = 1.0  # the decay ends on the last step that fits, at its floor
+        mult = budget_lr_multiplier(
+            step, self.fraction, self.decay_from, warmup=0, decay=self.decay, min_ratio=self.min_ratio
+        )
         return mult, stop
+
+    def last_step(self, step: int, elapsed: float, reserve: float) -> bool:
+        """True when the step after `step` (and what it triggers) may not fit, its cost and this one's taken
+        on the high side (SAFETY x the slowest recent step): `step` may be the last, so the decay ends here
+        (a step or two early rather than one late: the stop rule takes the median)."""
+        after = elapsed + self.next_cost(step + 1, high=True)
+        return should_stop(after, self.budget_s, self.next_cost(step + 2, high=True), reserve)
+
+    def schedule_line(self, lr: float) -> str | None:
+        """Once, when the schedule is known (decided, or recorded by a resumed run) and steps have been timed:
+        the line that says it (run_schedule.describe)."""
+        if not self._schedule_due or self.schedule is None or len(self.est.steps) < MEASURE_STEPS:
+            return None
+        self._schedule_due = False
+        return run_schedule.describe(
+            self.schedule,
+            step_s=self.est.step_s(),
+            total_steps=None,
+            budget_min=self.budget_s / 60,
+            decay=self.decay,
+            min_ratio=self.min_ratio,
+            lr=lr,
+        )
+
+    def agree(
+        self, step: int, elapsed: float, rank: int, device: torch.device, lr: float, log: logging.Logger
+    ):
+        """Every rank, before optimizer step `step`: rank 0 decides on its clock and broadcasts (the lr
+        multiplier, stop now, (validate every, save every)); it logs the schedule once decided, and why the
+        run stops."""
+        decision = torch.zeros(4, dtype=torch.float64, device=device)
+        if rank == 0:
+            mult, stop = self.decide(step, elapsed)
+            decision[0], decision[1] = mult, float(stop)
+            decision[2], decision[3] = self.points()
+            if (warning := self.reserve_warning()) is not None:
+                log.warning(warning)
+            if (line := self.schedule_line(lr)) is not None:
+                log.info(line)
+            if stop:
+                log.info(
+                    f"time budget: stopping after step {step} at {elapsed:.0f} s of {self.budget_s:.0f} s, "
+                    f"keeping {self.reserve():.0f} s for the final evaluation and save"
+                )
+        dist.broadcast(decision, src=0)
+        return float(decision[0]), bool(decision[1]), (int(decision[2]), int(decision[3]))
+
+    def record(self, state) -> None:
+        """Rank 0, at a save: what a resume continues from (where the decay started, the schedule)."""
+        state.decay_from = self.decay_from
+        state.schedule = self.schedule.as_dict() if self.schedule is not None else None

@@ -186,10 +186,14 @@ class Tracker:
     def close(self) -> None:
         self.jsonl.close()
         if self.run is not None:
+            offline_dir = Path(self.run.dir).parent if self.mode == "offline" else None  # .../offline-run-*
             try:
                 self.run.finish()
             except Exception as e:
                 self.log.warning(f"W&B finish failed ({e.__class__.__name__})")
+                return
+            if offline_dir is not None:
+                self.log.info(f"W&B run saved offline; to upload it: wandb sync {offline_dir}")
 
 
 def truncate_metrics(run_dir: Path, step: int) -> int:

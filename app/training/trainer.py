@@ -44,7 +44,7 @@ from app.parallel.runtime import (
 from app.training import bounds, carry_state, startup
 from app.training.artifacts import log_saved_checkpoint
 from app.training.config import TrainConfig
-from app.training.metrics import StepStats
+from app.training.metrics import StepStats, untrained_note
 from app.training.plan import open_inputs, plan_run
 from app.training.plots import plot_run
 from app.training.preemption import EXIT_PREEMPTED, Preemption
@@ -144,7 +144,9 @@ class Trainer:
                 info=self._info,
             )
         if cfg.time_budget:
-            self.budget = startup.time_budget_for(cfg, self.data, self.n_params, self.state, self._info)
+            self.budget = startup.time_budget_for(
+                cfg, self.data, self.n_params, self.state, self.total_steps, self._info
+            )
         peak = startup.measure_peak(self.plan, self.engine)  # every rank: timed together, summed
         self.tracker = self.metrics = None
         if self.rank == 0:
@@ -207,24 +209,14 @@ class Trainer:
         return self._spent_before + time.monotonic() - self._loop_start
 
     def _budget_allows_a_step(self) -> bool:
-        """Rank 0 decides (lr, stop) on its clock; every rank applies the same decision."""
-        decision = torch.zeros(2, dtype=torch.float64, device=self.engine.device)
-        if self.rank == 0:
-            mult, stop = self.budget.decide(self.state.step, self._elapsed())
-            decision[0], decision[1] = mult, float(stop)
-            if (warning := self.budget.reserve_warning()) is not None:
-                self.log.warning(warning)
-        dist.broadcast(decision, src=0)
-        self.engine.set_lr_scale(float(decision[0]))
-        if decision[1]:
-            self.stopped_by = "time"
-            if self.rank == 0:
-                self.log.info(
-                    f"time budget: stopping after step {self.state.step} at {self._elapsed():.0f} s of "
-                    f"{self.budget.budget_s:.0f} s, keeping {self.budget.reserve():.0f} s for the final "
-                    "evaluation and save"
-                )
-        return not decision[1]
+        """Rank 0 decides on its clock (the lr, whether to stop, and once the first steps are timed, where to
+        validate and save); every rank applies the same decision."""
+        step, elapsed, device = self.state.step, self._elapsed(), self.engine.device
+        lr_scale, stop, points = self.budget.agree(step, elapsed, self.rank, device, self.cfg.lr, self.log)
+        self.engine.set_lr_scale(lr_scale)
+        self.cfg.eval_every, self.cfg.save_every = points
+        self.stopped_by = "time" if stop else self.stopped_by
+        return not stop
 
     def train_step(self, global_mbs: list) -> None:
         """One optimizer step over the global batch `global_mbs` (this rank feeds its share)."""
@@ -246,6 +238,7 @@ class Trainer:
             self.budget.note_step(time.perf_counter() - t_start, tokens)
         st.step += 1
         st.tokens += tokens
+        st.bytes += (num_bytes := sum(mb.num_bytes for mb in global_mbs))
         applied = self.engine.step_applied() and math.isfinite(loss)
         st.consecutive_skips = 0 if applied else st.consecutive_skips + 1
         st.skipped_total += 0 if applied else 1
@@ -263,8 +256,10 @@ class Trainer:
                 grad_norm=self.engine.grad_norm(),
                 tokens=tokens,
                 tokens_seen=st.tokens,
+                bytes_seen=st.bytes,
+                elapsed_s=self._elapsed(),
                 padded=sum(mb.padded for mb in global_mbs),
-                num_bytes=sum(mb.num_bytes for mb in global_mbs),
+                num_bytes=num_bytes,
                 seconds=dt,
                 skipped_total=st.skipped_total,
             )
@@ -288,6 +283,7 @@ class Trainer:
             self.log.info(
                 f"{prefix} @ step {step}: loss {res.loss:.4f} nats/token | ppl {res.perplexity:.2f} | "
                 f"{res.bits_per_byte:.4f} bits/byte | {res.tokens} tokens in {seconds:.1f}s"
+                + (untrained_note(self.data.tokenizer) if prefix == "sanity" else "")
             )
             self.tracker.log_metrics(out, step)
         if not math.isfinite(res.loss):
@@ -320,7 +316,8 @@ class Trainer:
         t0 = time.perf_counter()
         if self.rank == 0:
             st.train_seconds = self._elapsed()  # what a resume continues from
-            st.decay_from = self.budget.decay_from if self.budget is not None else None
+            if self.budget is not None:
+                self.budget.record(st)  # where the decay started, the schedule decided
         tag = save_checkpoint(
             self.plan,
             self.engine,
