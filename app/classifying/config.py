@@ -47,8 +47,9 @@ class ClassifyConfig:
     the 32 a classifier keeps)."""
     batch_tokens: int = 16384
     """Padded tokens per batch: texts are sorted by length within a chunk, so padding stays small."""
-    chunk_rows: int = 4096
-    """Input rows per part: the unit a rank classifies, writes and, after a kill, skips on the rerun."""
+    chunk_rows: int = 1024
+    """Input rows per part: the unit a rank classifies, writes and, after a kill, skips on the rerun (chunk c
+    is rank c mod world's: an input of fewer chunks than ranks leaves some idle)."""
     work_dir: str | None = None
     """Where the parts and their manifest live until the output is written (default: <output>.parts)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
