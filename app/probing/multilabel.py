@@ -4,10 +4,11 @@ Labels come from several --label-field columns (each a 0/1, true/false or yes/no
 the column's name) or from one column whose values are lists of labels (JSONL, Parquet). Every label needs
 positive and negative rows in --train (one line names the label otherwise).
 
-The probe: per label, the L1 path of app/probing/l1_path.py over C_GRID on the standardised features (one
-standardisation for all labels); each C's model gets the threshold with the best validation F1
-(app.probing.head.best_thresholds) and the C with the best such F1 is kept with its threshold (ties: the
-smaller C). No refit on train + validation (the single-label probe's last step): a threshold belongs to the
+The probe: one-vs-rest L1 logistic regressions, every label's on the same path of app/probing/l1_path.py
+over C_GRID (one pass over the standardised features serves all labels; the objective is separable, so
+each label's weights are its own fit's). At each C every label gets the threshold with its best validation
+F1 (app.probing.head.best_thresholds); each label keeps the C with its best such F1, with that threshold
+(ties: the smaller C). No refit on train + validation (the single-label probe's last step): a threshold belongs to the
 model it was chosen for. The feature kind is picked by validation macro F1.
 """
 
@@ -108,14 +109,14 @@ class MultiProbe:
     test_pred: np.ndarray  # (n_test, K) 0/1
 
 
-def _label_fits(Xtr, ytr, Xva, yva) -> tuple[dict, dict, dict]:
-    """One label's path over C_GRID -> ({C: Fit}, {C: best validation F1}, {C: its threshold})."""
-    fits = {f.C: f for f in l1_path(Xtr, ytr, 2, C_GRID)}
-    f1, thr = {}, {}
-    for C, fit in fits.items():
-        t, f = best_thresholds(sigmoid(fit.decision(Xva)), yva[:, None])
-        thr[C], f1[C] = float(t[0]), float(f[0])
-    return fits, f1, thr
+def _fit_line(name: str, fit, f1: np.ndarray) -> str:
+    """One line per C of the joint path: what a user watching the probe sees."""
+    state = "converged" if fit.converged else "not converged (iteration bound reached)"
+    return (
+        f"probe {name}: C {fit.C:g}: validation macro F1 {f1.mean():.4f} (each label at its best threshold), "
+        f"{int((fit.coef != 0).any(0).sum())} non-zero weights, {fit.iterations} iterations, {state}, "
+        f"{fit.seconds:.1f} s"
+    )
 
 
 def fit_multilabel_probe(
@@ -129,54 +130,53 @@ def fit_multilabel_probe(
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[MultiProbe, np.ndarray, np.ndarray]:
     """(X, Y) triples (Y (n, K) 0/1), raw features -> (MultiProbe, feature mean, feature scale); `log` gets
-    a line per label."""
-    import time
-
+    a line per C of the path (every label at once) and one per label (its C and threshold)."""
     mean, scale = standardise(train[0])
     Xtr, Xva, Xte = ((X - mean) / scale for X in (train[0], val[0], test[0]))
-    (Ytr, Yva, Yte), K = (train[1], val[1], test[1]), len(names)
-    chosen, C_by, thr, f1_by_C, conv = [], {}, np.zeros(K), {}, {}
+    Ytr, Yva, Yte = train[1], val[1], test[1]
+    f1, thr = {}, {}  # C -> (K,) each label's best validation F1, and its threshold
+
+    def report(fit) -> None:
+        thr[fit.C], f1[fit.C] = best_thresholds(sigmoid(fit.decision(Xva)), Yva)
+        log(_fit_line(name, fit, f1[fit.C]))
+
+    fits = {f.C: f for f in l1_path(Xtr, Ytr, 2, C_GRID, report)}
+    C_by, rows, conv = {}, [], {}
     for k, label in enumerate(names):
-        t0 = time.perf_counter()
-        fits, f1, t = _label_fits(Xtr, Ytr[:, k], Xva, Yva[:, k])
-        C = max(C_GRID, key=lambda c: (f1[c], -c))  # ties: the sparser (smaller C) model
-        chosen.append(fits[C])
-        C_by[label], thr[k], f1_by_C[label], conv[label] = C, t[C], f1, fits[C].converged
+        C = max(C_GRID, key=lambda c: (f1[c][k], -c))  # ties: the sparser (smaller C) model
+        C_by[label], conv[label] = C, fits[C].converged
+        rows.append((fits[C].coef[k], fits[C].intercept[k], thr[C][k]))
         log(
-            f"probe {name}, label {label}: C {C:g}: validation F1 {f1[C]:.4f} at threshold {t[C]:.2f}, "
-            f"{int((fits[C].coef != 0).sum())} non-zero weights, "
-            f"{'converged' if conv[label] else 'not converged (iteration bound reached)'}, "
-            f"{time.perf_counter() - t0:.1f} s"
+            f"probe {name}, label {label}: C {C:g}: validation F1 {f1[C][k]:.4f} at threshold {thr[C][k]:.2f}, "
+            f"{int((fits[C].coef[k] != 0).sum())} non-zero weights"
         )
-    coef = np.concatenate([f.coef for f in chosen])  # (K, d)
-    intercept = np.concatenate([f.intercept for f in chosen])  # (K,)
+    coef = np.stack([r[0] for r in rows])  # (K, d)
+    intercept = np.asarray([r[1] for r in rows])  # (K,)
+    thresholds = np.asarray([r[2] for r in rows])  # (K,)
 
     def predict(X):
-        return (sigmoid(X @ coef.T + intercept) >= thr).astype(np.int64)
+        return (sigmoid(X @ coef.T + intercept) >= thresholds).astype(np.int64)
 
     val_scores = multilabel_scores(Yva, predict(Xva), names)
     order = top_neurons(coef, top_k)
     top = [{"neuron": n, "weight": {lab: float(coef[k, n]) for k, lab in enumerate(names)}} for n in order]
-    return (
-        MultiProbe(
-            C_by_label=C_by,
-            thresholds=thr,
-            val_f1_by_label=val_scores["f1_by_label"],
-            val_macro_f1=val_scores["macro_f1"],
-            val_f1_by_C={lab: {f"{c:g}": v for c, v in d.items()} for lab, d in f1_by_C.items()},
-            converged_by_label=conv,
-            train=multilabel_scores(Ytr, predict(Xtr), names),
-            test=multilabel_scores(Yte, predict(Xte), names),
-            nonzero=int((np.abs(coef).max(0) > 0).sum()),
-            top=top,
-            single=_single(order, coef, names, (Xtr, Ytr), (Xte, Yte), mean, scale, seed),
-            coef=coef,
-            intercept=intercept,
-            test_pred=predict(Xte),
-        ),
-        mean,
-        scale,
+    probe = MultiProbe(
+        C_by_label=C_by,
+        thresholds=thresholds,
+        val_f1_by_label=val_scores["f1_by_label"],
+        val_macro_f1=val_scores["macro_f1"],
+        val_f1_by_C={lab: {f"{c:g}": float(f1[c][k]) for c in C_GRID} for k, lab in enumerate(names)},
+        converged_by_label=conv,
+        train=multilabel_scores(Ytr, predict(Xtr), names),
+        test=multilabel_scores(Yte, predict(Xte), names),
+        nonzero=int((np.abs(coef).max(0) > 0).sum()),
+        top=top,
+        single=_single(order, coef, names, (Xtr, Ytr), (Xte, Yte), mean, scale, seed),
+        coef=coef,
+        intercept=intercept,
+        test_pred=predict(Xte),
     )
+    return probe, mean, scale
 
 
 def _single(order, coef, names, tr, te, mean, scale, seed) -> dict:
