@@ -17,6 +17,9 @@ Beside the probe, the LM's layers and a linear head on their mean output are fin
 splits (app/probing/finetune.py; --finetune-epochs 0 skips it); the validation split picks probe or
 fine-tuned, and transfer.json reports both. Fine-tuning costs about --finetune-epochs forward and backward
 passes over --train.
+The classifier the validation split picks is kept in --out/classifier (docs/classify.md; app/classify.py
+labels new text with it). Several --label-field columns, or one of label lists, make a multi-label task:
+one-vs-rest probes with a threshold per label chosen on validation, per-label F1, macro F1 and Jaccard.
 Needs the `transfer` extra: pip install 'mlstm-ds[transfer]'.
 """
 

@@ -35,6 +35,7 @@ PAGE_COMMANDS = {
     "generation.md": ["generate", "export"],
     "transfer.md": ["transfer"],
     "import.md": ["import_weights"],
+    "classify.md": ["classify", "transfer"],
     "gpu.md": ["train", LAUNCHER],
     "tracking.md": ["train", "plot"],
     "reliability.md": ["train", "evaluate", "generate", "transfer", "prep"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -52,3 +54,19 @@ def test_every_c_stops_at_its_iteration_bound_and_says_so():
     assert all(f.iterations == 3 and not f.converged for f in fits)
     warm = l1_path(X, y, 2, (1.0,), start=l1_path(X, y, 2, (1.0,), max_iter=5000)[0], max_iter=5000)[0]
     assert warm.converged and warm.iterations < 50  # started at its own solution
+
+
+def test_one_vs_rest_labels_on_one_path_each_reach_their_own_optimum():
+    """Multi-label: a 0/1 matrix of labels solved as one path (app/probing/multilabel.py) gives each label
+    the objective its own binary path reaches: the sum over labels is separable."""
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    X = rng.normal(size=(300, 6))
+    Y = (X @ rng.normal(size=(6, 3)) + rng.normal(scale=0.7, size=(300, 3)) > 0.3).astype(np.int64)
+    joint = l1_path(X, Y, 2, (0.05, 0.5, 5.0), max_iter=20000, tol=1e-3)
+    for fit in joint:
+        assert fit.converged and fit.coef.shape == (3, 6)
+        for k in range(3):
+            alone = l1_path(X, Y[:, k], 2, (fit.C,), max_iter=20000, tol=1e-3)[0]
+            ours = _objective(X, Y[:, k], fit.coef[k : k + 1], fit.intercept[k : k + 1], fit.C)
+            theirs = _objective(X, Y[:, k], alone.coef, alone.intercept, fit.C)
+            assert ours == pytest.approx(theirs, rel=1e-4), (fit.C, k)

@@ -7,6 +7,9 @@ tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
 
 The same folder also loads with `transformers` (app.checkpoints.hf_format: more keys in config.json, a
 few more files) and carries a model card (README.md); this module reads only the three files above.
+A classifier folder (app.checkpoints.classifier_format) is an export too: its config says so and its
+model.safetensors also holds the head's tensors ("classifier.*"), which the language model's readers here
+leave out.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from app.model.config import ModelConfig
 
 EXPORT_FORMAT = "mlstm-ds-export"
 EXPORT_VERSION = 1
+CLASSIFIER_FORMAT = "mlstm-ds-classifier"  # app.checkpoints.classifier_format
+HEAD_PREFIX = "classifier."  # a classifier's head tensors in its model.safetensors
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
@@ -36,7 +41,7 @@ def is_export_dir(p: Path) -> bool:
 def read_export_config(d: Path) -> dict:
     p = Path(d) / CONFIG_FILE
     cfg = read_json_object(p, "export config")
-    if cfg.get("format") != EXPORT_FORMAT:
+    if cfg.get("format") not in (EXPORT_FORMAT, CLASSIFIER_FORMAT):
         raise UserError(f"{p}: not an {EXPORT_FORMAT} config")
     if cfg.get("version") != EXPORT_VERSION:
         raise UserError(
@@ -62,8 +67,9 @@ def feature_preprocess(path: Path) -> str:
     return value
 
 
-def weight_shapes(d: Path) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes model.safetensors declares, from its header alone (nothing is loaded)."""
+def weight_shapes(d: Path, head: bool = False) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes model.safetensors declares, from its header alone (nothing is loaded): the
+    language model's (`head`: a classifier's head tensors, "classifier.*", instead)."""
     p = Path(d) / WEIGHTS_FILE
     try:
         with open(p, "rb") as f:
@@ -73,7 +79,11 @@ def weight_shapes(d: Path) -> dict[str, tuple[int, ...]]:
             if not 0 < n <= size - 8:
                 raise ValueError(f"a header of {n} bytes in a file of {size}")
             header = json.loads(f.read(n))
-        return {k: tuple(int(x) for x in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        return {
+            k: tuple(int(x) for x in v["shape"])
+            for k, v in header.items()
+            if k != "__metadata__" and k.startswith(HEAD_PREFIX) == head
+        }
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{p}: unreadable or corrupt safetensors file ({e})") from None
 
@@ -85,7 +95,7 @@ def read_weights(d: Path, model_cfg: ModelConfig) -> StateDict:
 
     p = Path(d) / WEIGHTS_FILE
     try:
-        sd = load_file(str(p))
+        sd = {k: v for k, v in load_file(str(p)).items() if not k.startswith(HEAD_PREFIX)}
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{p}: unreadable or corrupt safetensors file ({e})") from None
     check_state_dict(sd, model_cfg, str(p))

@@ -7,6 +7,8 @@ Every export carries it (nothing here needs transformers to write; it is a few K
     tokenizer_config.json   the tokenizer kind and its auto_map
     generation_config.json  bos/eos/pad, and pad/bos suppressed as app/generate.py bans them
 The weights are the same model.safetensors: the remote model's keys are mlstm-ds's own.
+A classifier folder (app.checkpoints.classifier_format) also loads with
+`AutoModelForSequenceClassification` and `pipeline("text-classification")`: `hf_classifier_config`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ AUTO_MAP = {
     "AutoConfig": "configuration_mlstm.MultiplicativeLSTMConfig",
     "AutoModelForCausalLM": f"modeling_mlstm.{ARCHITECTURE}",
 }
+CLASSIFIER_ARCHITECTURE = "MultiplicativeLSTMForSequenceClassification"
 TOKENIZER_AUTO_MAP = {"AutoTokenizer": ["tokenization_mlstm.MultiplicativeLSTMTokenizer", None]}
 INSTALL_HINT = "pip install 'mlstm-ds[hf]' (in a checkout: pip install -e '.[hf]')"
 
@@ -44,8 +47,31 @@ def hf_config(model_cfg: ModelConfig, tok_meta: dict) -> dict:
     }
 
 
-def hf_files(tok_meta: dict) -> dict[str, bytes]:
-    """Remote code, tokenizer and generation configs: file name -> content."""
+def hf_classifier_config(model_cfg: ModelConfig, tok_meta: dict, meta: dict, outputs: int) -> dict:
+    """transformers' keys of a classifier folder: the language model's, the sequence-classification class,
+    the labels (id2label), the problem type and what the remote head reads (`classifier_*`)."""
+    multi = meta["task"] == "multi_label"
+    return {
+        **hf_config(model_cfg, tok_meta),
+        "architectures": [CLASSIFIER_ARCHITECTURE],
+        "auto_map": {
+            **AUTO_MAP,
+            "AutoModelForSequenceClassification": f"modeling_mlstm.{CLASSIFIER_ARCHITECTURE}",
+        },
+        "id2label": {str(i): name for i, name in enumerate(meta["labels"])},
+        "label2id": {name: i for i, name in enumerate(meta["labels"])},
+        "problem_type": "multi_label_classification" if multi else "single_label_classification",
+        "classifier_features": meta["feature"],
+        "classifier_layers": meta["layers"],
+        "classifier_outputs": outputs,
+        "classifier_max_tokens": meta["max_tokens"],
+        "classifier_thresholds": meta["thresholds"],
+    }
+
+
+def hf_files(tok_meta: dict, feature_preprocess: str = "none") -> dict[str, bytes]:
+    """Remote code, tokenizer and generation configs: file name -> content. `feature_preprocess`: a
+    classifier's (its tokenizer prepares each text as app/probing/features.prepare_texts does)."""
     files = {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES}
     tokenizer_config = {
         "tokenizer_class": "MultiplicativeLSTMTokenizer",
@@ -55,6 +81,7 @@ def hf_files(tok_meta: dict) -> dict[str, bytes]:
         "padding_side": "left",  # batched generation: the recurrent state skips the pads in front
         "split_special_tokens": True,  # "<s>" in a text is text, as in mlstm-ds's own tokenizers
         "model_max_length": 10**9,  # a recurrent model has no context limit
+        **({"feature_preprocess": feature_preprocess} if feature_preprocess != "none" else {}),
     }
     generation_config = {
         "bos_token_id": tok_meta["bos_id"],

@@ -16,6 +16,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
                        where a test cannot mount a small filesystem to fill
     user_error_after=N after step N every rank (or the hang_rank ones) raises a UserError, as a rank that
                        meets bad input alone would
+    hang_after_part=N  app/classify.py: a rank (or the hang_rank ones) stops after writing its Nth part file
+                       and waits to be killed, so a test's SIGKILL lands mid-run however fast the parts are
     peak_divide=N      the matmul peak each rank times at start is divided by N, as a peak timed while other
                        work held the core reads low (the MFU guard's test)
     barrier_timeout=N  the N-th launch (1-based, repeatable) of a persistent GPU loop in this process finds its
@@ -69,6 +71,12 @@ def enospc_in_save(step: int, path: Path) -> None:
 
 def hang_after(step: int) -> None:
     if _here("hang_after", step):
+        while True:
+            time.sleep(60)
+
+
+def hang_after_part(parts: int) -> None:
+    if _here("hang_after_part", parts):
         while True:
             time.sleep(60)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -44,8 +45,10 @@ class TransferConfig:
     """Labelled validation texts for choosing C (default: a seeded --val-fraction split of --train)."""
     text_field: str = "text"
     """Column holding the text."""
-    label_field: str = "label"
-    """Column holding the label (strings or ints, reported back by name)."""
+    label_field: list[str] = dataclasses.field(default_factory=lambda: ["label"])
+    """Column holding the label (strings or ints, reported back by name). Multi-label: several columns
+    (each a 0/1 or true/false indicator; the label is the column's name), or one column whose values are
+    lists of labels (JSONL, Parquet): one-vs-rest probes with a threshold per label chosen on validation."""
     features: Feature = "auto"
     """final_cell (the cell state after each text's last token, as in the sentiment-neuron paper),
     final_hidden (the hidden state there), mean_hidden / max_hidden (the layer's output averaged / maxed
@@ -89,6 +92,8 @@ class TransferConfig:
         for name in ("checkpoint", "train", "test"):
             if not getattr(self, name):
                 raise ValueError(f"--{name} is required")
+        if not self.label_field or len(set(self.label_field)) != len(self.label_field):
+            raise ValueError(f"--label-field: give one or more distinct columns, got {self.label_field}")
         if self.features not in ("auto", *FEATURES):
             raise ValueError(f"--features must be one of auto, {', '.join(FEATURES)}, got {self.features!r}")
         if self.layer.strip() != "all":

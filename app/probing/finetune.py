@@ -12,7 +12,9 @@ On CUDA the padded length is rounded up to a multiple of CUDA_PAD, so the Triton
 validation accuracy is measured; the epoch with the best one keeps its weights, and they score the
 train and test rows. Epochs stop early once PATIENCE of them in a row have not beaten the best one (more
 cannot be picked unless the accuracy climbs back), said in one line; every epoch has a progress bar on a
-terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in memory.
+terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in
+memory (app/probing/keep.py keeps it when the validation split picks it). Multi-label: a sigmoid head,
+binary cross-entropy per label, the thresholds chosen on validation after each epoch (app/probing/head.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch import nn
 from app.common.logs import heartbeat, progress_bar
 from app.model.lm import LanguageModel
 from app.probing.features import length_batches
+from app.probing.head import best_thresholds, f1_per_label, sigmoid
 
 HEAD_LR_SCALE = 3.0
 WEIGHT_DECAY = 0.01
@@ -47,6 +50,7 @@ class FineTuneConfig:
     max_tokens: int  # texts are read up to this many tokens (BOS included); 0: whole
     seed: int
     from_scratch: bool  # a control: the same architecture from a fresh initialisation
+    multi_label: bool = False  # a sigmoid head (cross-entropy per label), thresholds chosen on validation
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +65,12 @@ class FineTuned:
     tokens: int  # tokens trained on (BOS included), all epochs
     seconds: float  # the training passes only (not the validation after each epoch)
     truncated: int  # texts (all splits) cut to max_tokens
+    # multi-label: the accuracies above are macro F1s, at these thresholds per label (chosen on validation)
+    thresholds: np.ndarray | None = None
+    classifier: Classifier | None = None  # the best epoch's model (the LM's layers and the head)
 
 
-Split = tuple[list[np.ndarray], np.ndarray]  # (token ids per text, labels)
+Split = tuple[list[np.ndarray], np.ndarray]  # (token ids per text, labels (n,) or a 0/1 matrix (n, K))
 
 
 def pooled(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]) -> torch.Tensor:
@@ -123,14 +130,33 @@ def accuracy(clf: Classifier, data: Split, cfg: FineTuneConfig, pad_id: int) -> 
     return float((pred == data[1]).mean()), pred
 
 
+def score(
+    clf: Classifier, data: Split, cfg: FineTuneConfig, pad_id: int, thresholds: np.ndarray | None = None
+) -> tuple[float, np.ndarray, np.ndarray | None]:
+    """Single-label: (accuracy, predictions, None). Multi-label: (macro F1, 0/1 predictions, thresholds),
+    at `thresholds`, or at the best ones for `data` when None (the validation split's)."""
+    if not cfg.multi_label:
+        return (*accuracy(clf, data, cfg, pad_id), None)
+    probs = sigmoid(logits(clf, data[0], cfg, pad_id).astype(np.float64))  # as app.probing.head.Head does
+    if thresholds is None:
+        thresholds, _ = best_thresholds(probs, data[1])
+    pred = (probs >= thresholds).astype(np.int64)
+    return float(f1_per_label(data[1], pred).mean()), pred, thresholds
+
+
 @torch.no_grad()
-def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
+def logits(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
+    """The head's outputs (n, classes or labels), float32, in `seqs`' order."""
     clf.eval()
     dev = clf.head.weight.device
-    pred = np.zeros(len(seqs), dtype=np.int64)
+    out = np.zeros((len(seqs), clf.head.out_features), dtype=np.float32)
     for rows in _batches(seqs, cfg, None):
-        pred[rows] = clf(*_pad(seqs, rows, pad_id, dev)).argmax(1).cpu().numpy()
-    return pred
+        out[rows] = clf(*_pad(seqs, rows, pad_id, dev)).float().cpu().numpy()
+    return out
+
+
+def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
+    return logits(clf, seqs, cfg, pad_id).argmax(1)
 
 
 def _epoch(
@@ -145,7 +171,12 @@ def _epoch(
     bar = progress_bar(len(seqs), f"fine-tune epoch {epoch}/{cfg.epochs}", "text")
     for rows in _batches(seqs, cfg, rng):
         ids, lengths = _pad(seqs, rows, pad_id, dev)
-        loss = F.cross_entropy(clf(ids, lengths), torch.from_numpy(y[rows]).to(dev))
+        target = torch.from_numpy(y[rows]).to(dev)
+        out = clf(ids, lengths)
+        if cfg.multi_label:
+            loss = F.binary_cross_entropy_with_logits(out, target.to(out.dtype))
+        else:
+            loss = F.cross_entropy(out, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
@@ -193,18 +224,19 @@ def fine_tune(
         weight_decay=WEIGHT_DECAY,
     )
     rng = np.random.default_rng(cfg.seed)
+    metric = "macro F1" if cfg.multi_label else "accuracy"
     val_acc, losses, best, best_state, tokens, seconds = [], [], -1.0, None, 0, 0.0
     for epoch in range(1, cfg.epochs + 1):
         loss, n, secs = _epoch(clf, opt, train, cfg, pad_id, rng, epoch)
         losses.append(loss)
         tokens, seconds = tokens + n, seconds + secs
-        val_acc.append(accuracy(clf, val, cfg, pad_id)[0])
-        log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation accuracy {val_acc[-1]:.4f}")
+        val_acc.append(score(clf, val, cfg, pad_id)[0])
+        log(f"fine-tune epoch {epoch}/{cfg.epochs}: loss {loss:.4f}, validation {metric} {val_acc[-1]:.4f}")
         if val_acc[-1] > best:  # ties: the earlier epoch
             best, best_state = val_acc[-1], copy.deepcopy(clf.state_dict())
         elif epoch - (val_acc.index(best) + 1) >= PATIENCE and epoch < cfg.epochs:
             log(
-                f"fine-tune: validation accuracy has not improved for {PATIENCE} epochs (best: epoch "
+                f"fine-tune: validation {metric} has not improved for {PATIENCE} epochs (best: epoch "
                 f"{val_acc.index(best) + 1}); stopping at epoch {epoch} of {cfg.epochs}"
             )
             break
@@ -212,8 +244,9 @@ def fine_tune(
     with heartbeat(
         f"fine-tune: the best epoch ({val_acc.index(best) + 1}) scored on test, validation and train", log
     ):
-        test_acc, test_pred = accuracy(clf, test, cfg, pad_id)
-        val_best, train_acc = accuracy(clf, val, cfg, pad_id)[0], accuracy(clf, train, cfg, pad_id)[0]
+        val_best, _, thresholds = score(clf, val, cfg, pad_id)  # multi-label: the thresholds are chosen here
+        test_acc, test_pred, _ = score(clf, test, cfg, pad_id, thresholds)
+        train_acc = score(clf, train, cfg, pad_id, thresholds)[0]
     return FineTuned(
         val_accuracy_by_epoch=val_acc,
         train_loss_by_epoch=losses,
@@ -225,4 +258,6 @@ def fine_tune(
         tokens=tokens,
         seconds=seconds,
         truncated=truncated,
+        thresholds=thresholds,
+        classifier=clf,
     )

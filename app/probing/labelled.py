@@ -26,6 +26,7 @@ class Labelled:
     labels: list  # as given: str or int
     sha256: str  # of the file's bytes (the feature cache key)
     text_field: str = DEFAULT_TEXT_FIELD  # the column the texts came from
+    multi_label: bool = False  # labels: a tuple of label names per row (app/probing/multilabel.py)
 
 
 def _load(flag: str, p: Path):
@@ -70,14 +71,14 @@ def _missing(y) -> bool:
     return y is None or (isinstance(y, float) and y != y) or (isinstance(y, str) and not y.strip())
 
 
-def _text_column(ds, text_field: str, label_field: str, say: Callable[[str], None] | None) -> str:
+def _text_column(ds, text_field: str, label_fields: list[str], say: Callable[[str], None] | None) -> str:
     """`text_field`; where that is the default `text` and the file has no such column, its one string
     column besides the label (GLUE/SST's `sentence`), said in one line through `say`."""
     if text_field in ds.column_names or text_field != DEFAULT_TEXT_FIELD:
         return text_field
     strings = [
         c for c in ds.column_names
-        if c != label_field and getattr(ds.features[c], "dtype", None) in ("string", "large_string")
+        if c not in label_fields and getattr(ds.features[c], "dtype", None) in ("string", "large_string")
     ]  # fmt: skip
     if len(strings) != 1:
         return text_field  # none or several to choose from: the caller names the columns there are
@@ -87,32 +88,65 @@ def _text_column(ds, text_field: str, label_field: str, say: Callable[[str], Non
 
 
 def read_labelled(
-    flag: str, path: str, text_field: str, label_field: str, say: Callable[[str], None] | None = None
+    flag: str,
+    path: str,
+    text_field: str,
+    label_field: str | list[str],
+    say: Callable[[str], None] | None = None,
+    multi: bool | None = None,
 ) -> Labelled:
     """The texts and labels of one file; a missing default `text` column is its only string column (said
-    through `say`: pass it for the first file read, whose column the others then name)."""
+    through `say`: pass it for the first file read, whose column the others then name). Several label
+    fields, or one whose values are lists, make a multi-label set (`multi` None: found out from the file;
+    True/False: as --train was read)."""
+    fields = [label_field] if isinstance(label_field, str) else list(label_field)
     p = Path(path)
     ds = _load(flag, p)
-    text_field = _text_column(ds, text_field, label_field, say)
-    for field, what in ((text_field, "--text-field"), (label_field, "--label-field")):
+    text_field = _text_column(ds, text_field, fields, say)
+    for field, what in ((text_field, "--text-field"), *((f, "--label-field") for f in fields)):
         if field not in ds.column_names:
             raise UserError(
                 f"--{flag} {p}: no column {field!r} ({what}); columns: {', '.join(ds.column_names) or 'none'}"
             )
     if len(ds) == 0:
         raise UserError(f"--{flag} {p}: no rows")
-    texts, labels = ds[text_field], ds[label_field]
-    empty = next((i for i, y in enumerate(labels, start=1) if _missing(y)), None)
-    if empty is not None:  # before the types: its NaN makes every integer of the column a float
-        raise UserError(f"--{flag} {p}: row {empty}: the label ({label_field!r}) is empty")
-    for i, (t, y) in enumerate(zip(texts, labels), start=1):
+    texts = ds[text_field]
+    for i, t in enumerate(texts, start=1):
         if not isinstance(t, str):
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is {type(t).__name__}, not text")
         if not t.strip():
             raise UserError(f"--{flag} {p}: row {i}: {text_field!r} is empty")
+    columns = [ds[f] for f in fields]
+    if multi is None:
+        multi = len(fields) > 1 or any(isinstance(v, list) for v in columns[0])
+    labels = (
+        _multi_labels(columns, fields, f"--{flag} {p}")
+        if multi
+        else _single_labels(columns[0], fields[0], flag, p)
+    )
+    return Labelled(p, list(texts), labels, hashlib.sha256(p.read_bytes()).hexdigest(), text_field, multi)
+
+
+def _single_labels(labels: list, field: str, flag: str, p: Path) -> list:
+    empty = next((i for i, y in enumerate(labels, start=1) if _missing(y)), None)
+    if empty is not None:  # before the types: its NaN makes every integer of the column a float
+        raise UserError(f"--{flag} {p}: row {empty}: the label ({field!r}) is empty")
+    for i, y in enumerate(labels, start=1):
         if y is None or isinstance(y, float | list | dict) or (isinstance(y, str) and not y.strip()):
             raise UserError(f"--{flag} {p}: row {i}: label {y!r} is not a string or an integer")
-    return Labelled(p, list(texts), list(labels), hashlib.sha256(p.read_bytes()).hexdigest(), text_field)
+    return list(labels)
+
+
+def _multi_labels(columns: list[list], fields: list[str], where: str) -> list[tuple[str, ...]]:
+    """Each row's labels (a tuple of names): the indicator columns that are on, or the list column's."""
+    from app.probing.multilabel import indicator, list_labels
+
+    if len(fields) == 1:
+        return [list_labels(v, fields[0], i, where) for i, v in enumerate(columns[0], start=1)]
+    return [
+        tuple(f for f, v in zip(fields, row) if indicator(v, f, i, where))
+        for i, row in enumerate(zip(*columns), start=1)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ class Probe:
     single: dict  # the top neuron alone: {"neuron", "test_accuracy", "train_accuracy", "thresholds"}
     converged: bool  # the refit on train + validation at the chosen C
     test_pred: np.ndarray
+    coef: np.ndarray  # (1 or K, d) float64: the refit's weights on standardised features (a kept head's)
+    intercept: np.ndarray  # (1 or K,)
 
 
 def _single_neuron(neuron: int, tr: tuple, te: tuple, seed: int) -> dict:
@@ -140,5 +142,7 @@ def fit_probe(
         single=single,
         converged=model.converged,
         test_pred=model.predict(Xte),
+        coef=model.coef,
+        intercept=model.intercept,
     )
     return probe, mean, scale

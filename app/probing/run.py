@@ -16,6 +16,7 @@ from app.common.logs import heartbeat
 from app.probing.bounds import cap_counts, check_batches
 from app.probing.config import FEATURES, TransferConfig, parse_layers
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
+from app.probing.multilabel import MultiLabels, labels_of
 
 EXTRA_HINT = "pip install 'mlstm-ds[transfer]'  (or: pip install scikit-learn matplotlib)"
 
@@ -44,7 +45,9 @@ def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
     at --val-fraction 0.75 keeps one; a 1-row class stays whole)."""
     rng = np.random.default_rng(seed)
     val = []
-    for k in np.unique(y):
+    if y.ndim == 2:  # multi-label: a seeded share of all rows (no one class to stratify by)
+        val = rng.permutation(len(y))[: round(fraction * len(y))].tolist()
+    for k in np.unique(y) if y.ndim == 1 else ():
         rows = rng.permutation(np.flatnonzero(y == k))
         val.extend(rows[: min(round(fraction * len(rows)), len(rows) - 1)].tolist())
     val_idx = np.asarray(sorted(val), dtype=np.int64)
@@ -64,16 +67,19 @@ class Transfer:
         self.src = open_source(cfg.checkpoint)
         self.tokenizer = self.src.tokenizer()
         self.train = read_labelled("train", cfg.train, cfg.text_field, cfg.label_field, say=_progress)
+        self.multi = self.train.multi_label
         f = (self.train.text_field, cfg.label_field)  # the column --train's texts came from
-        self.test = read_labelled("test", cfg.test, *f)
-        self.val = read_labelled("validation", cfg.validation, *f) if cfg.validation else None
-        self.classes: Classes = classes_of(self.train)
-        self.y = {
-            "train": self.classes.encode(self.train, "train"),
-            "test": self.classes.encode(self.test, "test"),
-        }
-        if self.val is not None:
-            self.y["validation"] = self.classes.encode(self.val, "validation")
+        self.test = read_labelled("test", cfg.test, *f, multi=self.multi)
+        self.val = (
+            read_labelled("validation", cfg.validation, *f, multi=self.multi) if cfg.validation else None
+        )
+        self.classes: Classes | MultiLabels = (
+            labels_of(self.train.labels, cfg.label_field, self.train.path)
+            if self.multi
+            else classes_of(self.train)
+        )
+        sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
+        self.y = {name: self.classes.encode(data, name) for name, data in sets.items()}
         self.out = Path(cfg.out) if cfg.out else default_out(self.src)
         try:
             self.layers = parse_layers(cfg.layer, self.src.model_cfg.num_layers)
@@ -105,8 +111,8 @@ class Transfer:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
         from app.probing.features import checkpoint_digest, token_ids
 
-        digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
-        preprocess = feature_preprocess(self.src.path)
+        digest = self.digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
+        preprocess = self.preprocess = feature_preprocess(self.src.path)
         if preprocess != "none":
             _progress(f"texts prepared as feature_preprocess {preprocess!r} of {self.src.path} says")
         sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
@@ -149,18 +155,28 @@ class Transfer:
         val_texts = self.val.texts if self.val is not None else None
         splits = self._pairs(self.train.texts, val_texts, self.test.texts)
         with heartbeat("n-gram baseline: tf-idf word 1-2 and char 2-5 grams, logistic regression", _progress):
-            return ngram_baseline(*splits, self.cfg.seed)
+            return ngram_baseline(*splits, self.cfg.seed, self.classes.names if self.multi else None)
 
     def _probe(self, feats: dict):
-        """The probe of each feature kind tried; the validation accuracy (best over C) picks one (ties: the
-        first in FEATURES order) -> (kind, its Probe, {kind: best validation accuracy})."""
+        """The probe of each feature kind tried; the validation accuracy (best over C; multi-label: macro F1)
+        picks one (ties: the first in FEATURES order) -> (kind, its probe, its feature mean, scale,
+        {kind: best validation figure})."""
+        from app.probing.multilabel import fit_multilabel_probe
         from app.probing.probe import fit_probe
 
         c = self.cfg
-        probes = {k: fit_probe(*self._xy(feats, k), c.top_k, c.seed, k, _progress)[0] for k in self.kinds}
-        best_val = {k: max(p.val_accuracy.values()) for k, p in probes.items()}
+        if self.multi:
+            names = self.classes.names
+            fits = {
+                k: fit_multilabel_probe(*self._xy(feats, k), names, c.top_k, c.seed, k, _progress)
+                for k in self.kinds
+            }
+            best_val = {k: f[0].val_macro_f1 for k, f in fits.items()}
+        else:
+            fits = {k: fit_probe(*self._xy(feats, k), c.top_k, c.seed, k, _progress) for k in self.kinds}
+            best_val = {k: max(f[0].val_accuracy.values()) for k, f in fits.items()}
         kind = max(self.kinds, key=lambda k: (best_val[k], -self.kinds.index(k)))
-        return kind, probes[kind], best_val
+        return kind, *fits[kind], best_val
 
     def _finetune(self, model, feats: dict):
         """The fine-tuned classifier on the probe's splits (FineTuned), or None with --finetune-epochs 0."""
@@ -179,6 +195,7 @@ class Transfer:
             max_tokens=c.finetune_max_tokens,
             seed=c.seed,
             from_scratch=c.finetune_from_scratch,
+            multi_label=self.multi,
         )
         n_classes = len(self.classes.names)
         train = (
@@ -189,15 +206,30 @@ class Transfer:
         )
         return fine_tune(model, splits, self.layers, n_classes, cfg, self.tokenizer.pad_id, log=_progress)
 
-    def _plots(self, model, feats: dict, kind: str, single: dict) -> list[str]:
+    def _plot_classes(self, probe) -> tuple[np.ndarray, list[str]]:
+        """The test rows' classes the figures colour by: the classes, or (multi-label) with and without the
+        label the top neuron weighs most."""
+        if not self.multi:
+            return self.y["test"], self.classes.names
+        label = probe.single["label"]
+        return self.y["test"][:, self.classes.names.index(label)], [f"not {label}", label]
+
+    def _plots(
+        self, model, feats: dict, kind: str, single: dict, y: np.ndarray, names: list[str]
+    ) -> list[str]:
         from app.probing.features import neuron_trace
         from app.probing.plots import char_values, heatmap, histogram, histogram_title
 
         self.out.mkdir(parents=True, exist_ok=True)
         neuron, H = single["neuron"], model.cfg.hidden_dim
         layer, unit = self.layers[neuron // H], neuron % H  # layers side by side: H units each
-        names, X, y = self.classes.names, feats["test"][0].features[kind], self.y["test"]
-        title = histogram_title(kind, layer, unit, single["test_accuracy"])
+        X = feats["test"][0].features[kind]
+        acc = single["test_accuracy"]
+        title = (
+            histogram_title(kind, layer, unit, acc)
+            if acc is not None
+            else f"{kind}, layer {layer}, unit {unit}"
+        )
         histogram(self.out / "top_neuron_hist.png", X[:, neuron], y, names, neuron, title)
         files = ["top_neuron_hist.png"]
         # a few test texts, alternating classes so each colour story shows
@@ -219,36 +251,12 @@ class Transfer:
             files.append("top_neuron_text.png")
         return files
 
-    def run(self) -> dict:
-        c = self.cfg
-        device = self.device.type
-        model = self.src.load_model(device)
-        feats = self.featurize_all(model)
-        kind, probe, best_val = self._probe(feats)
+    def _single_label(self, probe, feats: dict, kind: str, best_val: dict) -> dict:
+        """transfer.json's probe fields of a single-label task."""
         test = self._xy(feats, kind)[2]
-        tr_idx, val_idx = self._split()
-        split = None if val_idx is None else (len(tr_idx), len(val_idx))
-        with heartbeat("figures: the top neuron's histogram and per-character trace", _progress):
-            pngs = self._plots(model, feats, kind, probe.single)
-        finetuned = self._finetune(model, feats)
-        fresh = [f for f, _ in feats.values() if not f.cached]
-        secs, toks, texts = (
-            sum(f.seconds for f in fresh),
-            sum(f.tokens for f in fresh),
-            sum(len(next(iter(f.features.values()))) for f in fresh),  # rows, not feature kinds
-        )
-        result = {
-            "checkpoint": self.src.describe(),
-            "features": kind,
-            "features_asked": c.features,
+        return {
             "val_accuracy_by_features": best_val,
-            "layer": self.layers[0] if len(self.layers) == 1 else self.layers,
-            "hidden_dim": self.src.model_cfg.hidden_dim,
             "classes": self.classes.names,
-            "rows": {k: len(v) for k, v in self.y.items()},
-            "validation": c.validation
-            or f"seeded split of --train (fraction {c.val_fraction}, seed {c.seed})",
-            "train_val_rows": list(split) if split else None,
             "C": probe.C,
             "val_accuracy_by_C": {f"{k:g}": v for k, v in probe.val_accuracy.items()},
             "converged_by_C": {f"{k:g}": v for k, v in probe.converged_by_C.items()},
@@ -258,31 +266,104 @@ class Transfer:
             "nonzero_weights": probe.nonzero,
             "top_neurons": probe.top,
             "single_neuron": probe.single,
-            "ngram_baseline": self._baseline(),
             "converged": probe.converged,
-            "featurize": {
-                "cached": {k: f.cached for k, (f, _) in feats.items()},
-                "texts": texts,
-                "kinds": list(self.kinds),
-                "tokens": toks,
-                "seconds": secs,
-                "texts_per_s": texts / secs if secs else None,
-                "tokens_per_s": toks / secs if secs else None,
-                "device": device,
-            },
-            "figures": pngs,
-            **finetune_report(c, self.layers, finetuned, best_val[kind], probe.test_accuracy),
         }
+
+    def _keep(self, model, kind: str, probe, mean, scale, ft, chosen: dict | None) -> str | None:
+        """Write the classifier the validation split chose to <out>/classifier -> its path (None: nothing
+        was chosen, a --finetune-from-scratch control)."""
+        from app.probing.keep import finetune_head, keep, probe_head
+
+        if chosen is None:
+            return None
+        names = self.classes.names
+        if chosen["method"] == "finetune":
+            head = finetune_head(ft, self.layers, names, self.multi, self.cfg.finetune_max_tokens)
+            lm_state, C = ft.classifier.lm.state_dict(), None
+        else:
+            head = probe_head(kind, self.layers, probe, mean, scale, names, self.multi)
+            lm_state, C = model.state_dict(), probe.C_by_label if self.multi else probe.C
+        metric = "macro_f1" if self.multi else "accuracy"
+        about = {
+            "C": C,
+            "lm": {"source": self.src.describe(), "sha256": self.digest},
+            "validation": {metric: chosen[f"val_{metric}"]},
+            "test": {metric: chosen[f"test_{metric}"]},
+        }
+        tok_meta = {**self.tokenizer.meta(), **self.src.tokenizer_meta}
+        return str(keep(self.out / "classifier", self.src, tok_meta, lm_state, head, about, self.preprocess))
+
+    def run(self) -> dict:
+        from app.probing.multilabel import multi_label_result
+
+        c = self.cfg
+        device = self.device.type
+        model = self.src.load_model(device)
+        feats = self.featurize_all(model)
+        kind, probe, mean, scale, best_val = self._probe(feats)
+        tr_idx, val_idx = self._split()
+        split = None if val_idx is None else (len(tr_idx), len(val_idx))
+        with heartbeat("figures: the top neuron's histogram and per-character trace", _progress):
+            pngs = self._plots(model, feats, kind, probe.single, *self._plot_classes(probe))
+        finetuned = self._finetune(model, feats)
+        if self.multi:
+            fields, probe_val, probe_test = multi_label_result(probe, self.y), probe.val_macro_f1, probe.test
+            fields["val_macro_f1_by_features"], probe_test = best_val, probe_test["macro_f1"]
+        else:
+            fields, probe_val = self._single_label(probe, feats, kind, best_val), best_val[kind]
+            probe_test = probe.test_accuracy
+        result = {
+            "checkpoint": self.src.describe(),
+            "task": "multi_label" if self.multi else "single_label",
+            "features": kind,
+            "features_asked": c.features,
+            "layer": self.layers[0] if len(self.layers) == 1 else self.layers,
+            "hidden_dim": self.src.model_cfg.hidden_dim,
+            "rows": {k: len(v) for k, v in self.y.items()},
+            "validation": c.validation
+            or f"seeded split of --train (fraction {c.val_fraction}, seed {c.seed})",
+            "train_val_rows": list(split) if split else None,
+            **fields,
+            "ngram_baseline": self._baseline(),
+            "featurize": featurize_report(feats, self.kinds, device),
+            "figures": pngs,
+            **finetune_report(c, self.layers, finetuned, probe_val, probe_test, self.multi),
+        }
+        result["classifier"] = self._keep(model, kind, probe, mean, scale, finetuned, result["chosen"])
         atomic_write(self.out / "transfer.json", json.dumps(result, indent=1))
         return result
 
 
-def finetune_report(cfg: TransferConfig, layers: list[int], ft, probe_val: float, probe_test: float) -> dict:
-    """transfer.json's "finetune" and "chosen": the validation accuracy picks probe or fine-tuned (ties: the
-    probe). A --finetune-from-scratch run is a control, not a candidate: its "chosen" is None."""
+def featurize_report(feats: dict, kinds: tuple, device: str) -> dict:
+    """transfer.json's "featurize": what reading the splits cost (from the cache: no seconds)."""
+    fresh = [f for f, _ in feats.values() if not f.cached]
+    secs, toks, texts = (
+        sum(f.seconds for f in fresh),
+        sum(f.tokens for f in fresh),
+        sum(len(next(iter(f.features.values()))) for f in fresh),  # rows, not feature kinds
+    )
+    return {
+        "cached": {k: f.cached for k, (f, _) in feats.items()},
+        "texts": texts,
+        "kinds": list(kinds),
+        "tokens": toks,
+        "seconds": secs,
+        "texts_per_s": texts / secs if secs else None,
+        "tokens_per_s": toks / secs if secs else None,
+        "device": device,
+    }
+
+
+def finetune_report(
+    cfg: TransferConfig, layers: list[int], ft, probe_val: float, probe_test: float, multi: bool = False
+) -> dict:
+    """transfer.json's "finetune" and "chosen": the validation accuracy (multi-label: macro F1) picks probe
+    or fine-tuned (ties: the probe). A --finetune-from-scratch run is a control, not a candidate: its
+    "chosen" is None."""
     from app.probing.finetune import HEAD_LR_SCALE
 
-    probe = {"method": "probe", "val_accuracy": probe_val, "test_accuracy": probe_test}
+    m = "macro_f1" if multi else "accuracy"
+    probe = {"method": "probe", f"val_{m}": probe_val, f"test_{m}": probe_test}
     if ft is None:
         return {"finetune": None, "chosen": probe}
     report = {
@@ -295,19 +376,20 @@ def finetune_report(cfg: TransferConfig, layers: list[int], ft, probe_val: float
         "rows": cfg.finetune_rows,
         "max_tokens": cfg.finetune_max_tokens,
         "texts_cut": ft.truncated,
-        "val_accuracy_by_epoch": ft.val_accuracy_by_epoch,
+        f"val_{m}_by_epoch": ft.val_accuracy_by_epoch,
         "train_loss_by_epoch": ft.train_loss_by_epoch,
         "best_epoch": ft.best_epoch,
-        "val_accuracy": ft.val_accuracy,
-        "train_accuracy": ft.train_accuracy,
-        "test_accuracy": ft.test_accuracy,
+        f"val_{m}": ft.val_accuracy,
+        f"train_{m}": ft.train_accuracy,
+        f"test_{m}": ft.test_accuracy,
+        **({"thresholds": [float(t) for t in ft.thresholds]} if multi else {}),
         "tokens": ft.tokens,
         "train_seconds": ft.seconds,
         "tokens_per_s": ft.tokens / ft.seconds if ft.seconds else None,
     }
     if cfg.finetune_from_scratch:
         return {"finetune": report, "chosen": None}
-    tuned = {"method": "finetune", "val_accuracy": ft.val_accuracy, "test_accuracy": ft.test_accuracy}
+    tuned = {"method": "finetune", f"val_{m}": ft.val_accuracy, f"test_{m}": ft.test_accuracy}
     return {"finetune": report, "chosen": tuned if ft.val_accuracy > probe_val else probe}
 
 
@@ -319,18 +401,34 @@ def _finetune_lines(result: dict) -> list[str]:
     ft, chosen = result["finetune"], result["chosen"]
     if ft is None:
         return []
+    m = "macro_f1" if result["task"] == "multi_label" else "accuracy"
     what = "from a fresh initialisation (control)" if ft["from_scratch"] else "from the checkpoint"
     cut = f", {ft['texts_cut']} texts cut to {ft['max_tokens']} tokens" if ft["texts_cut"] else ""
     lines = [
         f"fine-tuned {what}, mean output of layer {ft['layer']}: best epoch {ft['best_epoch']} of "
-        f"{ft['epochs']}, test accuracy {ft['test_accuracy']:.4f} ({ft['tokens_per_s'] or 0:,.0f} tokens/s{cut})"
+        f"{ft['epochs']}, test {m.replace('_', ' ')} {ft[f'test_{m}']:.4f} ({ft['tokens_per_s'] or 0:,.0f} "
+        f"tokens/s{cut})"
     ]
     if chosen is None:
         return [*lines, "picked on validation: nothing (a --finetune-from-scratch run is a control)"]
     return [
         *lines,
-        f"picked on validation: {chosen['method']} (validation {chosen['val_accuracy']:.4f}), "
-        f"test accuracy {chosen['test_accuracy']:.4f}",
+        f"picked on validation: {chosen['method']} (validation {chosen[f'val_{m}']:.4f}), "
+        f"test {m.replace('_', ' ')} {chosen[f'test_{m}']:.4f}",
+    ]
+
+
+def _probe_lines(result: dict) -> list[str]:
+    from app.probing.multilabel import summary_lines
+
+    if result["task"] == "multi_label":
+        return summary_lines(result)
+    return [
+        f"L1 logistic regression: C {result['C']:g}, test accuracy {result['test_accuracy']:.4f} "
+        f"(majority class {result['majority_class_test_accuracy']:.4f}), {result['nonzero_weights']} "
+        f"non-zero neurons{'' if result['converged'] else ' (solver did not fully converge)'}",
+        f"n-gram baseline ({result['ngram_baseline']['model']}): test accuracy "
+        f"{result['ngram_baseline']['test_accuracy']:.4f}",
     ]
 
 
@@ -339,19 +437,23 @@ def summary(result: dict, out: Path) -> str:
     speed = (
         f"{f['texts_per_s']:.1f} texts/s, {f['tokens_per_s']:,.0f} tokens/s" if f["seconds"] else "from cache"
     )
+    multi = result["task"] == "multi_label"
+    on = f" on label {s['label']}" if multi else ""
+    kept = result["classifier"]
     return "\n".join(
         [
             result["checkpoint"],
-            f"classes {', '.join(result['classes'])}; rows {result['rows']}; features {result['features']} "
-            f"of layer {result['layer']} ({result['hidden_dim']} units); featurized {speed}",
-            f"L1 logistic regression: C {result['C']:g}, test accuracy {result['test_accuracy']:.4f} "
-            f"(majority class {result['majority_class_test_accuracy']:.4f}), {result['nonzero_weights']} "
-            f"non-zero neurons{'' if result['converged'] else ' (solver did not fully converge)'}",
-            f"n-gram baseline ({result['ngram_baseline']['model']}): test accuracy "
-            f"{result['ngram_baseline']['test_accuracy']:.4f}",
+            f"{'labels' if multi else 'classes'} {', '.join(result['labels' if multi else 'classes'])}; rows "
+            f"{result['rows']}; features {result['features']} of layer {result['layer']} "
+            f"({result['hidden_dim']} units); featurized {speed}",
+            *_probe_lines(result),
             *_finetune_lines(result),
-            f"single neuron {s['neuron']}: test accuracy {s['test_accuracy']:.4f}",
+            f"single neuron {s['neuron']}{on}: test accuracy "
+            + ("n/a" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"),
             f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
+            f"classifier kept: {kept} (mlstm-classify --classifier {kept})"
+            if kept
+            else "classifier: none kept",
             f"written: {out / 'transfer.json'}, {', '.join(str(out / p) for p in result['figures'])}",
         ]
     )

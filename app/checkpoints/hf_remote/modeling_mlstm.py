@@ -19,6 +19,14 @@ normalised matrices of its first call), so the prompt is read once and each new 
 recurrent step. Positions whose attention_mask is 0 leave the state as it was,
 so a left-padded batch gives every row what it gets alone.
 
+MultiplicativeLSTMForSequenceClassification is a classifier folder's model (mlstm-ds's app/transfer.py
+keeps one, app/classify.py reads it): the language model's layers, then the head the folder was kept with,
+on the features it was fitted on (the final cell or hidden state, or the layer output's mean or max over
+the text's real tokens, of the listed layers side by side), standardised ((x - mean) / scale) and times
+the head's weights. Its logits give the same labels and probabilities as app/classify.py: softmax over
+the classes (a two-class probe's one logit z is given as [0, z]), or a sigmoid per label for a
+multi-label classifier, whose thresholds are config.classifier_thresholds.
+
 transformers >= 5.3, < 6: from 5.24 the cache goes in and out as `cache` (forward's argument, the output
 field); before, as `past_key_values`. forward takes either name, and the output uses the field this
 transformers has (5.24 still reads `output.past_key_values`, with a deprecation warning).
@@ -31,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .configuration_mlstm import MultiplicativeLSTMConfig
 
@@ -215,6 +223,8 @@ class MultiplicativeLSTMPreTrainedModel(PreTrainedModel):
             module.weight.normal_(0.0, std)
             if module.bias is not None:
                 module.bias.zero_()
+        elif isinstance(module, ClassifierHead):
+            module.reset_parameters(std)
 
 
 class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, GenerationMixin):
@@ -327,4 +337,101 @@ class MultiplicativeLSTMForCausalLM(MultiplicativeLSTMPreTrainedModel, Generatio
             hidden_states=tuple(hidden) if hidden is not None else None,
             **{_CACHE_FIELD: cache if use_cache else None},
         )
+        return out if return_dict is not False else out.to_tuple()
+
+
+class ClassifierHead(nn.Module):
+    """Standardised features times the kept weights: ((x - mean) / scale) W^T + b."""
+
+    def __init__(self, width, outputs):
+        super().__init__()
+        self.mean = nn.Parameter(torch.zeros(width))
+        self.scale = nn.Parameter(torch.ones(width))
+        self.weight = nn.Parameter(torch.zeros(outputs, width))
+        self.bias = nn.Parameter(torch.zeros(outputs))
+
+    @torch.no_grad()
+    def reset_parameters(self, std):
+        self.mean.zero_()
+        self.scale.fill_(1.0)
+        self.weight.normal_(0.0, std)
+        self.bias.zero_()
+
+    def forward(self, features):
+        x = (features - self.mean.to(features.dtype)) / self.scale.to(features.dtype)
+        return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+
+
+def _pooled_features(kind, y, state, mask):
+    """One layer's feature `kind`: y (B, T, H) its outputs, state (h, c) after each row's last real token,
+    mask (B, T) bool (the real tokens)."""
+    if kind == "final_cell":
+        return state[1]
+    if kind == "final_hidden":
+        return state[0]
+    m = mask[..., None]  # (B, T, 1)
+    if kind == "mean_hidden":
+        return (y * m.to(y.dtype)).sum(1) / m.sum(1).clamp(min=1).to(y.dtype)
+    if kind == "max_hidden":
+        return y.masked_fill(~m, float("-inf")).amax(1)
+    raise ValueError(
+        f"classifier_features must be final_cell, final_hidden, mean_hidden or max_hidden, got {kind!r}"
+    )
+
+
+class MultiplicativeLSTMForSequenceClassification(MultiplicativeLSTMPreTrainedModel):
+    """forward(input_ids (B, T), attention_mask) -> logits (B, labels); left or right padding alike."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        L = config.num_layers
+        self.add_module("0", nn.Embedding(config.vocab_size, config.embed_dim))
+        for i in range(L):
+            self.add_module(str(i + 1), MultiplicativeLSTMLayer(config, i))
+        if not config.tie_embeddings:  # the language model's head: kept in the folder, not read here
+            self.add_module(str(L + 1), nn.Linear(config.hidden_dim, config.vocab_size))
+        self.read_layers = [int(i) for i in config.classifier_layers]
+        outputs = config.classifier_outputs or config.num_labels
+        self.classifier = ClassifierHead(config.hidden_dim * len(self.read_layers), outputs)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return getattr(self, "0")
+
+    def set_input_embeddings(self, value):
+        self.add_module("0", value)
+
+    def features(self, input_ids=None, attention_mask=None, inputs_embeds=None):
+        """(B, H * len(layers)): the classifier's features of each row's real tokens (the first
+        config.classifier_max_tokens of them when that is set)."""
+        x = self.get_input_embeddings()(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, E)
+        B, T = x.shape[:2]
+        mask = torch.ones(B, T, dtype=torch.bool, device=x.device)
+        if attention_mask is not None:
+            mask = attention_mask.to(device=x.device, dtype=torch.bool)
+        if self.config.classifier_max_tokens:
+            mask = mask & (mask.long().cumsum(1) <= self.config.classifier_max_tokens)
+        step_mask = None if bool(mask.all()) else mask
+        out = {}
+        for i in range(max(self.read_layers) + 1):
+            layer = getattr(self, str(i + 1))
+            x, state = layer(x, layer.init_state(B, x.device, x.dtype), step_mask)  # (B, T, H)
+            if i in self.read_layers:
+                out[i] = _pooled_features(self.config.classifier_features, x, state, mask)
+        return torch.cat([out[i] for i in self.read_layers], dim=1)
+
+    def forward(
+        self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None, **kwargs
+    ):
+        z = self.classifier(self.features(input_ids, attention_mask, inputs_embeds))  # (B, outputs)
+        multi = self.config.problem_type == "multi_label_classification"
+        logits = torch.cat([torch.zeros_like(z), z], dim=1) if z.shape[1] == 1 and not multi else z
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device)
+            if multi:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+            else:
+                loss = F.cross_entropy(logits, labels)
+        out = SequenceClassifierOutput(loss=loss, logits=logits)
         return out if return_dict is not False else out.to_tuple()

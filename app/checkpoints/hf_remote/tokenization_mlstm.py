@@ -6,8 +6,13 @@ Two kinds, the same ids as mlstm-ds's own tokenizers (both lossless: decode(enco
 Text is never read as control tokens ("<s>" in a text is its characters), and add_special_tokens puts
 the bos token in front, as mlstm-ds does before every document and prompt. Padding is on the left, as
 batched generation needs.
+
+A classifier folder whose model reads its texts as OpenAI's encoder did (`feature_preprocess: "openai"`,
+an import's) prepares each text the same way before tokenizing it: HTML entities unescaped, newlines as
+spaces, stripped, and padded " " + text + " " (mlstm-ds's app/probing/features.prepare_texts).
 """
 
+import html
 from typing import ClassVar
 
 from transformers import PreTrainedTokenizer
@@ -17,7 +22,17 @@ class MultiplicativeLSTMTokenizer(PreTrainedTokenizer):
     vocab_files_names: ClassVar[dict] = {"vocab_file": "tokenizer.model"}
     model_input_names: ClassVar[list] = ["input_ids", "attention_mask"]
 
-    def __init__(self, vocab_file=None, tokenizer_type="sentencepiece", byte_offset=3, **kwargs):
+    def __init__(
+        self,
+        vocab_file=None,
+        tokenizer_type="sentencepiece",
+        byte_offset=3,
+        feature_preprocess="none",
+        **kwargs,
+    ):
+        if feature_preprocess not in ("none", "openai"):
+            raise ValueError(f"feature_preprocess must be 'none' or 'openai', got {feature_preprocess!r}")
+        self.feature_preprocess = feature_preprocess
         self.vocab_file = vocab_file
         self.tokenizer_type = tokenizer_type
         self.byte_offset = byte_offset
@@ -56,6 +71,11 @@ class MultiplicativeLSTMTokenizer(PreTrainedTokenizer):
 
     def get_vocab(self):
         return dict(self._ids)
+
+    def prepare_for_tokenization(self, text, is_split_into_words=False, **kwargs):
+        if self.feature_preprocess == "openai":
+            text = " " + html.unescape(text).replace("\n", " ").strip() + " "
+        return super().prepare_for_tokenization(text, is_split_into_words=is_split_into_words, **kwargs)
 
     def _tokenize(self, text, **kwargs):
         if self.sp is not None:
