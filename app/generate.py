@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
     steady_heap()  # memory its estimates bound (app.common.resources)
     prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
-    device = pick_device(cfg.device, lambda line: print(f"# {line}", file=sys.stderr, flush=True))
+    said: list[str] = []  # auto's choice, said once the checkpoint has loaded (a bad one is one line)
+    device = pick_device(cfg.device, said.append)  # a GPU asked for and absent: one line, before any work
     src = open_source(cfg.checkpoint)
     tokenizer = src.tokenizer()
     lengths = [len(ids) for ids in tokenizer.encode_batch(prompts or [cfg.prompt or ""])]
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, lengths, src.model_cfg, lambda line: print(f"# {line}", file=sys.stderr, flush=True), device
     )
     decoder = Decoder(src.load_model(device))
+    for line in said:
+        print(f"# {line}", file=sys.stderr, flush=True)
     print(f"# {src.describe()} | {device}", file=sys.stderr, flush=True)
     if cfg.interactive:
         return interactive(cfg, Session(decoder, tokenizer, sampling, cfg.seed))

@@ -3,7 +3,8 @@
 - OpenAI's layout at the `large` size (64 x 4096, built at random here: no download) is imported, then
   evaluated (app/evaluate.py: its loss on a text is the one encoder.py's equations give), sampled
   (app/generate.py) and featurized and probed (app/transfer.py: the features are OpenAI's `transform`'s,
-  the final cell state after "\\n " + text + " ", through the export's feature_preprocess);
+  the final cell state after "\\n " + text + " ", through the export's feature_preprocess), and the probe
+  transfer keeps labels new text (app/classify.py) at the accuracy transfer.json reports;
 - a small import starts a real training run (`train --init-from`), whose first validation loss is the one
   app/evaluate.py measures on the import;
 - a sentiment-discovery import loads in transformers (--check-hf); bad flags are one line.
@@ -27,6 +28,7 @@ from test_evaluate import evaluate_cli
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.importing import NEVER
+from app.classify import main as classify_main
 from app.export import load_exported
 from app.generate import main as generate_main
 from app.import_weights import main as import_main
@@ -114,7 +116,7 @@ def test_large_openai_import_is_an_export_that_evaluates_and_generates(
     assert rc == 0 and out.out.startswith("This is ") and "new tokens" in out.err, out
 
 
-def test_large_openai_import_featurizes_as_openai_transform_and_transfers(
+def test_large_openai_import_featurizes_as_openai_transform_transfers_and_classifies(
     large_import, tmp_path, capsys, monkeypatch
 ):
     no_kernel_timing(monkeypatch)
@@ -147,6 +149,16 @@ def test_large_openai_import_featurizes_as_openai_transform_and_transfers(
         and res["rows"] == {"train": 12, "test": 6}
         and 0 <= res["test_accuracy"] <= 1
     )
+    # the kept classifier labels new text with the imported model under it: the test split's accuracy is
+    # the one transfer.json reports for it
+    assert res["classifier"] == str(tmp_path / "t" / "classifier") and res["chosen"]["method"] == "probe"
+    out = tmp_path / "labels.csv"
+    argv = ["--classifier", res["classifier"], "--input", str(tmp_path / "test.csv"), "--output", str(out)]
+    assert classify_main([*argv, "--keep-fields", "label"]) == 0
+    with out.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and {r["predicted"] for r in rows} <= {"pos", "neg"}
+    assert np.mean([r["predicted"] == r["label"] for r in rows]) == res["test_accuracy"]
 
 
 def test_train_init_from_an_import_starts_from_its_weights(prepared_byte_dir, tmp_path):

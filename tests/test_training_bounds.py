@@ -15,7 +15,7 @@ from app.batching.buckets import BucketSchedule
 from app.common.errors import UserError
 from app.common.resources import GIB
 from app.model.config import debug_config
-from app.model.memory import bytes_per_token, training_state_bytes
+from app.model.memory import ENGINE_BYTES, bytes_per_token, training_state_bytes
 from app.parallel.layout import Layout
 from app.train import parse_args
 from app.training import bounds
@@ -129,7 +129,7 @@ def test_the_estimate_is_each_process_share_and_names_what_to_lower():
         world_size=4, stages=2, data_parallel=2, micro_batch=8, grad_accum=1, zero_stage=1, precision="fp32"
     )
     tokens = 8 * 64
-    want = training_state_bytes(cfg) // 4 + tokens * bytes_per_token(cfg, True) // 2
+    want = training_state_bytes(cfg) // 4 + ENGINE_BYTES + tokens * bytes_per_token(cfg, True) // 2
     assert bounds.process_bytes(cfg, lay, tokens) == want
     need, what, hint = bounds.training_part(cfg, lay, tokens, 2, "on this node")
     assert (

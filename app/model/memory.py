@@ -21,9 +21,11 @@ hold them (app/model/mlstm_core.py, app/model/csrc/mlstm_cpu.cpp):
   whatever the batch), counted per time step where it runs on the CPU;
 - weights: 4 bytes a matrix parameter (float32; biases and gains left out: `matrix_parameters`);
 - training state under DeepSpeed: the weights, their gradients, ZeRO's flat float32 copy of the weights,
-  Adam's two moments, the averaged gradients and the reduce bucket: measured 29.6 bytes a parameter in
-  float32 (ZeRO-1 and ZeRO-2 alike), counted as 34 (under bf16 the 2-byte weights are less, the float32
-  gradient accumulation, master copy and moments the same).
+  Adam's two moments, the averaged gradients and the reduce bucket, and once per process what an engine
+  holds whatever the model's size: fitted on two sizes (10M and 28M parameters, ZeRO-1, float32,
+  bench/memory.py) as 34.8 bytes a parameter and 57 MB, counted as 36 and 64 MiB (the run-to-run spread
+  of one size is about 5%); under bf16 the 2-byte weights are less, the float32 gradient accumulation,
+  master copy and moments the same.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from __future__ import annotations
 from app.model.config import ModelConfig, matrix_parameters
 
 WEIGHT_BYTES = 4  # float32
-TRAINING_STATE_BYTES = 34  # DeepSpeed ZeRO-1/2's training state per parameter (module docstring)
+TRAINING_STATE_BYTES = 36  # DeepSpeed ZeRO-1/2's training state per parameter (module docstring)
+ENGINE_BYTES = 64 << 20  # a training engine's own memory, whatever the model's size (module docstring)
 PYTHON_STEP_BYTES = 8 << 10  # the Python core's per-step views and small tensors (host memory)
 
 

@@ -35,7 +35,7 @@ from app.batching.run_data import RunData
 from app.common.resources import Part, available_memory, cap, refuse_over
 from app.generation.config import generation_bytes
 from app.model.config import ModelConfig, matrix_parameters
-from app.model.memory import bytes_per_token, training_state_bytes, weight_bytes
+from app.model.memory import ENGINE_BYTES, bytes_per_token, training_state_bytes, weight_bytes
 from app.parallel.layout import ACCUM, GLOBAL, MICRO, Layout
 from app.training.config import TrainConfig
 
@@ -151,7 +151,7 @@ def process_bytes(model_cfg: ModelConfig, layout: Layout, tokens: int) -> int:
     activations of a micro-batch of `tokens` padded tokens through the whole model, for each micro-batch
     the pipeline keeps in flight (1F1B: the first stage holds up to P of them, or the accumulation's)."""
     element = 2 if layout.precision in ("bf16", "fp16") else 4
-    state = training_state_bytes(model_cfg) // layout.world_size
+    state = training_state_bytes(model_cfg) // layout.world_size + ENGINE_BYTES
     in_flight = min(layout.stages, max(1, layout.grad_accum))
     return state + in_flight * tokens * bytes_per_token(model_cfg, True, element) // layout.stages
 
@@ -178,7 +178,7 @@ def training_part(model_cfg: ModelConfig, layout: Layout, tokens: int, processes
     """The training state and a micro-batch's activations of `processes` processes (`process_bytes`)."""
     state = training_state_bytes(model_cfg) // layout.world_size
     need = process_bytes(model_cfg, layout, tokens)
-    if state >= need - state:
+    if state >= need - state - ENGINE_BYTES:  # the model's state against the activations
         hint = "use a smaller model (model.hidden_dim, model.num_layers, model.embed_dim) or more processes"
     else:
         hint = "lower --micro-batch or --tokens-per-micro-batch"
