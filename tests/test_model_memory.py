@@ -24,7 +24,7 @@ def test_estimates_are_closed_forms_of_the_config():
     assert bytes_per_token(cfg, training=True) == 4 * (activation_floats_per_token(cfg, 2, True) + 4 * v)
     assert bytes_per_token(cfg, training=False) == 4 * (prefill_floats_per_token(cfg, 2) + 2 * v)
     assert bytes_per_token(cfg, training=True, element_bytes=2) == bytes_per_token(cfg, training=True) // 2
-    assert training_state_bytes(cfg) == 34 * matrix_parameters(cfg)
+    assert training_state_bytes(cfg) == 36 * matrix_parameters(cfg)
     assert step_bytes(debug_config(core="python")) == PYTHON_STEP_BYTES
     assert step_bytes(debug_config(core="python"), "cuda:0") == 0  # the views are host memory
     huge = debug_config(hidden_dim=10**6, num_layers=10**12)  # no loop meets its layers
