@@ -135,15 +135,21 @@ def _memory_room_at(folder: Path) -> tuple[int, str] | None:
     return max(0, min(limit, limit - usage + cache)), name
 
 
-def memory_room(root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP) -> Room | None:
-    """Bytes this process may still take before a cgroup above it stops it (the smallest room over every
-    limited folder), or None when no cgroup limits its memory."""
+def _tightest(controller: str, at, root: Path, proc_cgroup: Path) -> Room | None:
+    """The smallest (amount, file) `at(folder)` gives over the controller's folders above this process, with
+    the folder's name; None when none of them sets one."""
     best: Room | None = None
-    for folder, name in folders("memory", root, proc_cgroup):
-        got = _memory_room_at(folder)
+    for folder, name in folders(controller, root, proc_cgroup):
+        got = at(folder)
         if got is not None and (best is None or got[0] < best.amount):
             best = Room(got[0], got[1], name)
     return best
+
+
+def memory_room(root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP) -> Room | None:
+    """Bytes this process may still take before a cgroup above it stops it (the smallest room over every
+    limited folder), or None when no cgroup limits its memory."""
+    return _tightest("memory", _memory_room_at, root, proc_cgroup)
 
 
 def _cpu_quota_at(folder: Path) -> tuple[float, str] | None:
@@ -163,12 +169,7 @@ def _cpu_quota_at(folder: Path) -> tuple[float, str] | None:
 def cpu_quota(root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP) -> Room | None:
     """The CPUs (quota / period, a fraction allowed) the tightest CPU quota above this process grants, or
     None when none is set."""
-    best: Room | None = None
-    for folder, name in folders("cpu", root, proc_cgroup):
-        got = _cpu_quota_at(folder)
-        if got is not None and (best is None or got[0] < best.amount):
-            best = Room(got[0], got[1], name)
-    return best
+    return _tightest("cpu", _cpu_quota_at, root, proc_cgroup)
 
 
 def quota_cpus(room: Room) -> int:
