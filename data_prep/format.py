@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.common import handed
-from data_prep import integrity
+from data_prep import arrow_numpy, integrity
 from data_prep.errors import UserError
 
 FORMAT_VERSION: int = 2
@@ -72,33 +72,66 @@ class PreparedData:
     meta: dict[str, Any]
     manifest: dict[str, Any]
 
+    def table(self, name: str):
+        """Split ``name`` (train, validation or test) as a ``pyarrow.Table`` over memory-mapped shards, with the
+        ``bucket`` column added. What training and evaluation read: ``pyarrow`` alone, since importing
+        ``datasets`` costs every rank of every launch over a second."""
+        import pyarrow as pa
+
+        files = self._checked_files(name)
+        try:
+            parts = [pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files]
+        except Exception as exc:  # unreadable despite the digest (another writer's file)
+            raise PreparedDataError(f"{self.path / name}: cannot load split ({exc}); {RERUN_HINT}") from exc
+        self._check_parts(name, files, parts)
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        lengths = arrow_numpy.view(table.column("length"))
+        return table.append_column("bucket", arrow_numpy.int32_array(self._buckets(lengths)))
+
     def split(self, name: str):
-        """Split ``name`` (train, validation or test) as a ``datasets.Dataset`` over memory-mapped shards."""
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+        """Split ``name`` as a ``datasets.Dataset`` over the same memory-mapped shards, ``bucket`` added."""
         import datasets
         import numpy as np
 
-        entries = [g["files"][name] for g in self.manifest["groups"]]
-        files = [self.shard_path(i, name) for i in range(len(entries))]
-        for f, e in zip(files, entries):  # before the first use of any of its bytes (integrity's docstring)
-            _refuse(integrity.size_problem(f, e["bytes"]) or integrity.digest_problem(f, e["xxh3_128"]))
+        files = self._checked_files(name)
         try:
             parts = [datasets.Dataset.from_file(str(f), in_memory=False) for f in files]
         except Exception as exc:  # unreadable despite the digest (another writer's file)
             raise PreparedDataError(f"{self.path / name}: cannot load split ({exc}); {RERUN_HINT}") from exc
-        vocab = self.meta["tokenizer"]["vocab_size"]
-        for f, part in zip(files, parts):
-            _refuse(integrity.id_problem(f, part.data.column("input_ids"), vocab, self.path / META_FILE))
+        self._check_parts(name, files, [part.data for part in parts])
         ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-        if len(ds) != self.meta["splits"][name]["examples"]:
+        lengths = np.concatenate([np.asarray(c) for c in ds.data.column("length").chunks] or [np.zeros(0)])
+        fingerprint = f"{self.meta['source']['fingerprint']}-{name}"
+        return ds.add_column("bucket", self._buckets(lengths), new_fingerprint=fingerprint)
+
+    def _checked_files(self, name: str) -> list[Path]:
+        """The shard files of split `name`, each at its manifest size and digest before any byte is used
+        (integrity's docstring)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+        entries = [g["files"][name] for g in self.manifest["groups"]]
+        files = [self.shard_path(i, name) for i in range(len(entries))]
+        for f, e in zip(files, entries):
+            _refuse(integrity.size_problem(f, e["bytes"]) or integrity.digest_problem(f, e["xxh3_128"]))
+        return files
+
+    def _check_parts(self, name: str, files: list[Path], tables: list) -> None:
+        """The shards' ids are inside the vocabulary and their count is meta.json's."""
+        vocab = self.meta["tokenizer"]["vocab_size"]
+        for f, part in zip(files, tables):
+            _refuse(integrity.id_problem(f, part.column("input_ids"), vocab, self.path / META_FILE))
+        total = sum(len(t) for t in tables)
+        if total != self.meta["splits"][name]["examples"]:
             raise PreparedDataError(
-                f"{self.path / name}: {len(ds)} examples on disk, meta.json says "
+                f"{self.path / name}: {total} examples on disk, meta.json says "
                 f"{self.meta['splits'][name]['examples']}; {RERUN_HINT}"
             )
-        lengths = np.concatenate([np.asarray(c) for c in ds.data.column("length").chunks] or [np.zeros(0)])
-        bucket = np.searchsorted(np.asarray(self.meta["buckets"]), lengths, side="left").astype(np.int32)
-        return ds.add_column("bucket", bucket, new_fingerprint=f"{self.meta['source']['fingerprint']}-{name}")
+
+    def _buckets(self, lengths):
+        """(n,) int32: each example's length bucket, the smallest i with length <= buckets[i]."""
+        import numpy as np
+
+        return np.searchsorted(np.asarray(self.meta["buckets"]), lengths, side="left").astype(np.int32)
 
     def shard_path(self, group: int, split: str) -> Path:
         """The file of `split` in shard group `group`, as manifest.json names it (inside the folder)."""

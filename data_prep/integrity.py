@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from data_prep import arrow_numpy
+
 CHUNK = 1 << 24  # 16 MiB per update: large enough that the per-call cost vanishes
 
 
@@ -78,7 +80,7 @@ def id_problem(path: Path, input_ids, vocab_size: int, meta_path: Path) -> str |
     """Token ids outside [0, vocab_size): ``input_ids`` is the shard's list<int32> column (chunked)."""
     top = -1  # the largest id read as uint32: a negative int32 id reads as 2**31 or more
     for chunk in input_ids.chunks:
-        values = chunk.values.to_numpy(zero_copy_only=False)  # the memory-mapped buffer itself
+        values = arrow_numpy.view(chunk.values)  # the memory-mapped buffer itself
         if len(values):
             top = max(top, int(values.view(np.uint32).max()))  # one pass checks both ends
     if top >= vocab_size:

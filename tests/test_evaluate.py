@@ -176,10 +176,12 @@ def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_
 @pytest.mark.slow
 def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model.
-    The run is time-budgeted (--time-budget): it stops on rank 0's clock with its final save and
-    evaluation, its lr following the budget schedule on both ranks."""
+    The run is time-budgeted (--time-budget) with a given warmup and no --eval-every: its validation points
+    are decided on rank 0's clock after the first steps and followed by both ranks (a rank on another
+    schedule would wait in a collective the other never starts), and it stops on rank 0's clock with its
+    final save and evaluation."""
     from launcher import CPU_CONFIG, metrics, train
-    from run_files import check_samples
+    from run_files import samples, samples_from_checkpoint
     from test_export import exported_equals_checkpoint
 
     from app.checkpoints.loader import open_source
@@ -190,8 +192,7 @@ def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     ds.write_text(json.dumps(cfg))
     assert ds != CPU_CONFIG
     out = tmp_path / "z3"
-    p = train(2, prepared_dir, out, "--time-budget", "0.15", "--warmup-steps", "2", "--eval-every", "0",
-              "--wandb-mode", "disabled", stages=1, config=ds)  # fmt: skip
+    p = train(2, prepared_dir, out, "--time-budget", "0.15", "--wandb-mode", "disabled", stages=1, config=ds)
     final = json.loads((out / "final_metrics.json").read_text())
     assert final["stopped_by"] == "time" and final["time_budget_s"] == 9.0 and final["step"] >= 3, final
     assert "time budget: stopping after step" in p.stderr
@@ -199,18 +200,26 @@ def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     assert latest == f"step_{final['step']:08d}", "the run must end with a save of its last step"
     state = json.loads((out / "checkpoints" / latest / "app_state.json").read_text())
     assert 0 < state["train_seconds"] <= final["train_seconds"] and 0 <= state["decay_from"] < 1, state
-    lrs = [m["train/lr"] for m in metrics(out) if "train/lr" in m]
+    records = metrics(out)
+    lrs = [m["train/lr"] for m in records if "train/lr" in m]
     peak = cfg["optimizer"]["params"]["lr"]
     assert lrs[:2] == pytest.approx([peak / 2, peak]), "the warmup counts steps"
     assert all(a >= b for a, b in itertools.pairwise(lrs[1:])) and lrs[-1] < 0.5 * peak, lrs
+    assert state["schedule"]["eval_every"] > 0, state["schedule"]
+    validated = [m["step"] for m in records if "val/loss" in m]
+    every = state["schedule"]["eval_every"]
+    assert len(validated) >= 2 and all(v % every == 0 for v in validated), (validated, state["schedule"])
     src = open_source(out)
     assert src.zero_stage == 3 and not any(src.path.glob("layer_*"))
     one = evaluate_cli(out, tmp_path / "z3.json", "--data", str(prepared_dir))
     same_numbers(one, json.loads((out / "final_metrics.json").read_text()), TEST_KEYS)
     exported_equals_checkpoint(out, tmp_path / "exp")
-    check_samples(
-        out, [final["step"]]
-    )  # taken at the final validation from the weights ZeRO-3 gathered for them
+    # taken at each validation from the weights ZeRO-3 gathered for them; the last step's periodic validation
+    # (its first batches) and the final one (the whole split) both took theirs
+    got = samples(out)
+    assert sorted(got) == sorted(set(validated)), sorted(got)
+    assert all(len(rows) == 4 for step, rows in got.items() if step != final["step"]), got.keys()
+    assert [r["text"] for r in got[final["step"]][-4:]] == samples_from_checkpoint(out, 4)
 
 
 @pytest.mark.slow
@@ -248,7 +257,10 @@ def test_long_passes_say_how_far_they_are_and_a_split_gets_its_compressors(
     lines = [ln for ln in p.stderr.splitlines() if ln[:2] == "20"]
     times = [datetime.strptime(ln[:19], "%Y-%m-%d %H:%M:%S") for ln in lines[lines.index(said[0]) :]]
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
-    assert len(said) >= 3 and max(gaps) <= 3, (gaps, lines)  # 1 s beats, 1 s timestamps, a loaded machine
+    assert len(said) >= 3 and max(gaps) <= 6, (
+        gaps,
+        lines,
+    )  # 1 s beats, 1 s timestamps, a loaded 2-core machine
     result = json.loads(out.read_text())
     meta = json.loads((prepared_dir / "meta.json").read_text())
     assert (

@@ -280,3 +280,35 @@ def test_every_preset_builds_and_runs(preset):
     if H <= 1024:
         logits = LanguageModel(cfg)(torch.zeros(2, 5, dtype=torch.long))
         assert logits.shape == (2, 5, 300) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_model_built_on_the_meta_device_imports_no_dynamo_and_draws_what_it_drew(tied):
+    """Evaluate, generate, classify and export build the model on the meta device to take saved weights: no
+    init op may reach torch's Python meta kernels (`mul`, `norm`), which import torch._dynamo (~2 s a
+    process). On the CPU the draws are those of `randn * std` and `norm(dim=1)`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from app.model.config import debug_config\n"
+        "from app.model.lm import LanguageModel\n"
+        f"cfg = debug_config(vocab_size=300, tie_embeddings={tied}, embed_dim=64, weight_norm=True)\n"
+        "with torch.device('meta'):\n"
+        "    LanguageModel(cfg)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["False"], (p.stdout, p.stderr[-2000:])
+    cfg = debug_config(vocab_size=300, tie_embeddings=tied, embed_dim=64, weight_norm=True)
+    torch.manual_seed(7)
+    model = LanguageModel(cfg)
+    torch.manual_seed(7)
+    first = torch.randn(cfg.vocab_size, cfg.embed_dim) * cfg.embed_init_std
+    assert torch.equal(model.state_dict()["0.weight"], first)
+    for name, p in model.named_parameters():
+        if name.endswith("gain_in"):
+            assert torch.equal(
+                p, dict(model.named_parameters())[name[: -len("gain_in")] + "weight_in"].norm(dim=1)
+            )

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from launcher import CPU_CONFIG, deepspeed_cmd, metrics, run
+from launcher import CPU_CONFIG, metrics, train_process
 
 from app.training import run_schedule
 from app.training.run_schedule import MEASURE_STEPS, STEP_DEFAULTS, WARMUP_CAP, Schedule
@@ -100,14 +100,17 @@ def test_a_resumed_budget_keeps_its_schedule_and_given_counts_are_kept():
 
 @pytest.mark.slow
 def test_a_one_minute_cpu_run_validates_often_and_warms_up_briefly(prepared_byte_dir, tmp_path):
-    """The defaults a user gets: 2 CPU processes, --time-budget 1 and no step flags. At least 5 validation
-    points, a warmup of at most 10% of the steps, the decay at its floor on the last step, the schedule said
-    once in steps and minutes and recorded in the checkpoint (a resume continues it)."""
+    """The defaults a user gets: --time-budget 1 and no step flags, on the CPU. At least 5 validation points, a
+    warmup of at most 10% of the steps, the decay at its floor on the last step, the schedule said once in
+    steps and minutes and recorded in the checkpoint (a resume continues it). One process (`python
+    app/train.py`, the documented plain run): the budget is wall-clock, and a second rank would spend another
+    core-minute on the same schedule (two ranks following one decided schedule: the ZeRO-3 run of
+    tests/test_evaluate.py)."""
     out = tmp_path / "run"
     args = ["--deepspeed_config", str(CPU_CONFIG), "--data", str(prepared_byte_dir), "--out", str(out),
-            "--pipeline-stages", "2", "--model-config", "debug", "--time-budget", "1", "--wandb-mode", "disabled",
+            "--pipeline-stages", "1", "--model-config", "debug", "--time-budget", "1", "--wandb-mode", "disabled",
             "--no-progress", "--no-plots", "--samples", "0"]  # fmt: skip
-    p = run(deepspeed_cmd(2, "app/train.py", args))
+    p = train_process(args)
     assert p.returncode == 0, p.stderr[-4000:]
     final = json.loads((out / "final_metrics.json").read_text())
     latest = (out / "checkpoints" / "latest").read_text()

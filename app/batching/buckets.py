@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from app.model.loss import IGNORE_INDEX
+from data_prep import arrow_numpy
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,22 +33,24 @@ class TokenStore:
     """Zero-copy access to a split's `input_ids` (memory-mapped Arrow buffers) plus per-example stats."""
 
     def __init__(self, ds) -> None:
+        """`ds`: a split's `pyarrow.Table` (PreparedData.table, what runs read) or its `datasets.Dataset`."""
         if getattr(ds, "_indices", None) is not None:
             raise ValueError("TokenStore needs a split as saved by data_prep (no index mapping)")
-        col = ds.data.column("input_ids")
+        table = getattr(ds, "data", ds)
+        col = table.column("input_ids")
         self._values: list[np.ndarray] = []
         self._offsets: list[np.ndarray] = []
         starts = [0]
         for chunk in col.chunks:
-            self._offsets.append(chunk.offsets.to_numpy())
-            self._values.append(chunk.values.to_numpy(zero_copy_only=False))
+            self._offsets.append(arrow_numpy.view(chunk.offsets))
+            self._values.append(arrow_numpy.view(chunk.values))
             starts.append(starts[-1] + len(chunk))
         self._starts = np.asarray(starts, dtype=np.int64)
-        self.lengths = np.asarray(ds.data.column("length").to_numpy(), dtype=np.int64)
-        self.num_bytes = np.asarray(ds.data.column("num_bytes").to_numpy(), dtype=np.int64)
-        self.buckets = np.asarray(ds.data.column("bucket").to_numpy(), dtype=np.int64)
-        names = ds.data.column_names  # a split built by hand may lack doc_id: every example its own document
-        docs = ds.data.column("doc_id").to_numpy() if "doc_id" in names else np.arange(len(self.lengths))
+        self.lengths = np.asarray(arrow_numpy.view(table.column("length")), dtype=np.int64)
+        self.num_bytes = np.asarray(arrow_numpy.view(table.column("num_bytes")), dtype=np.int64)
+        self.buckets = np.asarray(arrow_numpy.view(table.column("bucket")), dtype=np.int64)
+        names = table.column_names  # a split built by hand may lack doc_id: every example its own document
+        docs = arrow_numpy.view(table.column("doc_id")) if "doc_id" in names else np.arange(len(self.lengths))
         self.doc_ids = np.asarray(docs, dtype=np.int64)
 
     def last_ids(self) -> np.ndarray:

@@ -57,7 +57,7 @@ class RunData:
 
     def store(self, split: str) -> TokenStore:
         if split not in self._stores:
-            self._stores[split] = TokenStore(self.prepared.split(split))
+            self._stores[split] = TokenStore(self.prepared.table(split))
         return self._stores[split]
 
     def schedule(self, split: str) -> BucketSchedule:

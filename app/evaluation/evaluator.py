@@ -82,11 +82,11 @@ def text_ids(tokenizer, text: str) -> np.ndarray:
 def text_store(tokenizer, text: str | np.ndarray, chunk: int):
     """One document (its text, or its `text_ids`) -> a TokenStore of --text-chunk-len pieces (the data_prep
     row format)."""
-    import datasets
+    import pyarrow as pa
 
     ids = text_ids(tokenizer, text) if isinstance(text, str) else text
     pieces = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
-    ds = datasets.Dataset.from_dict(
+    table = pa.table(
         {
             "input_ids": [p.tolist() for p in pieces],
             "length": [len(p) for p in pieces],
@@ -94,7 +94,7 @@ def text_store(tokenizer, text: str | np.ndarray, chunk: int):
             "bucket": [0] * len(pieces),
         }
     )
-    return TokenStore(ds)
+    return TokenStore(table)
 
 
 def default_out(src) -> Path:
@@ -159,7 +159,7 @@ class Evaluator:
         if cfg.data is not None:
             self.data = open_prepared(cfg.data)
             check_data_tokenizer(self.data, self.src)
-            self.store = TokenStore(self.data.split(cfg.split))
+            self.store = TokenStore(self.data.table(cfg.split))
             if len(self.store) == 0:
                 raise UserError(f"--data {self.data.path}: the {cfg.split} split is empty")
         self.texts = read_texts(cfg.text)

@@ -31,12 +31,22 @@ State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # effective (w_in, w_mh, w_m)
 
 
+# A model built on the meta device (to take a checkpoint's weights: evaluate, generate, classify, export)
+# must not reach torch's Python meta kernels of `mul` or `norm`: they import torch._dynamo, ~2 s of every such
+# process. Hence `mul_` on a fresh draw (the same values as `*`) and _row_norms.
+
+
+def _row_norms(w: torch.Tensor) -> torch.Tensor:
+    """||w|| per row; on the meta device only the shape."""
+    return torch.empty(w.shape[0]) if w.is_meta else w.detach().norm(dim=1)
+
+
 class Embedding(nn.Module):
     """Token embedding. Parameters: `weight` (V, E). Also serves as the tied output head (`logits`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim) * cfg.embed_init_std)
+        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim).mul_(cfg.embed_init_std))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)  # (B, T, E)
@@ -56,7 +66,7 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_dim) * cfg.embed_init_std)
+        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_dim).mul_(cfg.embed_init_std))
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -100,9 +110,9 @@ class RecurrentLayer(nn.Module):
         self.bias = nn.Parameter(bias)
         if self.weight_norm:
             # g = ||v|| makes the initial function independent of the weight_norm switch.
-            self.gain_in = nn.Parameter(self.weight_in.detach().norm(dim=1))
-            self.gain_mh = nn.Parameter(self.weight_mh.detach().norm(dim=1))
-            self.gain_m = nn.Parameter(self.weight_m.detach().norm(dim=1))
+            self.gain_in = nn.Parameter(_row_norms(self.weight_in))
+            self.gain_mh = nn.Parameter(_row_norms(self.weight_mh))
+            self.gain_m = nn.Parameter(_row_norms(self.weight_m))
 
     def weights(self) -> Weights:
         """Effective (w_in, w_mh, w_m), weight-normalised once per call when configured."""
