@@ -251,6 +251,9 @@ def start_slurm(tmp: Path) -> SlurmCluster:
             "SlurmUser=root\nSlurmdUser=root\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "MpiDefault=none\nSchedulerType=sched/builtin\nSelectType=select/cons_tres\n"
+            # a requeued job becomes eligible once its credential expires, and is started by the next
+            # periodic pass (60 s by default): every 2 s here
+            "SchedulerParameters=sched_interval=2\n"
             "SelectTypeParameters=CR_Core\nReturnToService=2\nMinJobAge=300\nKillWait=5\n"
             "InactiveLimit=0\nSlurmdTimeout=60\nLaunchParameters=use_interactive_step\n"
             f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN\n"
