@@ -39,6 +39,18 @@ def _cpu_for_launched_processes() -> None:
 
 _cpu_for_launched_processes()
 
+
+def _one_thread_per_worker() -> None:
+    """Under pytest-xdist the workers (one per core) already keep every core busy: each worker's own torch work
+    takes one thread, as the launched ranks do (tests/launcher.py). A second OpenMP thread spins at every
+    barrier while another process holds the core: a transfer-and-export test of 6 s alone took 74 s of a core
+    in the suite, and 53 s of CPU against 14 s with one thread beside two busy loops (docs/development.md)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        torch.set_num_threads(1)
+
+
+_one_thread_per_worker()
+
 TINY_PREP_ARGS = ["--default-max-mb", "0.3", "--max-seq-len", "64", "--num-proc", "2", "--quiet"]
 
 
