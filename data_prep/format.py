@@ -91,7 +91,6 @@ class PreparedData:
     def split(self, name: str):
         """Split ``name`` as a ``datasets.Dataset`` over the same memory-mapped shards, ``bucket`` added."""
         import datasets
-        import numpy as np
 
         files = self._checked_files(name)
         try:
@@ -100,7 +99,7 @@ class PreparedData:
             raise PreparedDataError(f"{self.path / name}: cannot load split ({exc}); {RERUN_HINT}") from exc
         self._check_parts(name, files, [part.data for part in parts])
         ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-        lengths = np.concatenate([np.asarray(c) for c in ds.data.column("length").chunks] or [np.zeros(0)])
+        lengths = arrow_numpy.view(ds.data.column("length"))
         fingerprint = f"{self.meta['source']['fingerprint']}-{name}"
         return ds.add_column("bucket", self._buckets(lengths), new_fingerprint=fingerprint)
 

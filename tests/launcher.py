@@ -85,11 +85,10 @@ def train_args(
     config: Path | None = CPU_CONFIG,
     progress: bool = False,
     model: str | None = "debug",
-    warmup: str | None = "2",
 ) -> list[str]:
     """`config=None`: the caller names the DeepSpeed JSON in `extra` (--deepspeed FILE, a --config file).
     `progress`: leave the progress bar at its default (on, but only on a terminal) instead of turning it off.
-    `model=None`: no --model-config. `warmup=None`: no --warmup-steps (a --time-budget run then decides it)."""
+    `model=None`: no --model-config."""
     return [
         *(["--deepspeed_config", str(config)] if config is not None else []),
         "--data",
@@ -99,7 +98,8 @@ def train_args(
         "--pipeline-stages",
         str(stages),
         *(["--model-config", model] if model else []),
-        *(["--warmup-steps", warmup] if warmup else []),
+        "--warmup-steps",
+        "2",
         "--eval-max-batches",
         "1",
         "--sanity-eval-batches",
@@ -124,9 +124,8 @@ def train(
     check: bool = True,
     script: str = "app/train.py",
     progress: bool = False,
-    warmup: str | None = "2",
 ) -> subprocess.CompletedProcess:
-    args = train_args(data, out, *extra, stages=stages, config=config, progress=progress, warmup=warmup)
+    args = train_args(data, out, *extra, stages=stages, config=config, progress=progress)
     p = run(deepspeed_cmd(nprocs, script, args), extra_env)
     if check and p.returncode != 0:
         raise AssertionError(f"training failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
