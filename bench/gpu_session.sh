@@ -16,11 +16,18 @@
 #             tests, and a 2-rank CPU test beside them (the suite's launches must not take the GPU)
 #   train     bench/train_gpu.py: large_b128, large_b256, small, then small again with its choices cached (the
 #             first step's time), through the real entry point; one large_b128 step split into its phases
-#   memory    bench/memory.py --device cuda (where it exists): each memory estimate against what the GPU takes
-#   quickstart launch/quickstart.sh on the GPU with a 1-minute budget (train, evaluate, export, generate)
+#   gputests  every `gpu`-marked test outside the kernels' files: devices, free memory, transfer and classify
+#             on the GPU (one launched rank) against the CPU
+#   memory    bench/memory.py --device cuda: each memory estimate of the works the app runs on a GPU against
+#             what torch's CUDA allocator hands out
+#   quickstart launch/quickstart.sh on the GPU with a MINUTES-minute budget (default 1: train, evaluate,
+#             export, generate)
 # OUTDIR gets at most 8 files: summary.md, logs.tar.gz, and each benchmark's JSON line (*.json).
 # Environment: WHEELS, SESSION_BUDGET_S (default 540), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
-# tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session).
+# tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session), STEPS (the steps to run, comma-separated;
+# default all: install,layer,tests,gputests,train,memory,quickstart; the background work runs with the steps
+# that need it), MINUTES (the quickstart's budget), REPORT (0: no kernel report beside the layer and training
+# steps, whose launch-bound contenders its compilers slow).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?usage: bench/gpu_session.sh OUTDIR [--dry-run]}"
@@ -29,6 +36,7 @@ DRY=0
 WHEELS="${WHEELS:-$ROOT/.whl}"
 WORK="${WORK:-/tmp/mlstm-gpu-session}"
 BUDGET="${SESSION_BUDGET_S:-540}"
+STEPS=",${STEPS:-install,layer,tests,gputests,train,memory,quickstart},"
 LOGS="$WORK/logs"
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -44,12 +52,17 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false BENCH
 export MLSTM_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" TORCH_EXTENSIONS_DIR="$WORK/torch_ext"
 
 elapsed() { echo $(($(date +%s) - START)); }
+wanted() { [[ "$STEPS" == *",$1,"* ]]; }
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME LIMIT_S MIN_LEFT_S CMD...: run CMD under a time limit, its output in $LOGS/NAME.log, a summary row
 step() {
   local name=$1 limit=$2 need=$3
   shift 3
+  if ! wanted "$name"; then
+    say "| $name | not in STEPS | | |"
+    return 0
+  fi
   if [ "$DRY" = 1 ]; then
     say "| $name | limit ${limit}s | \`$*\` |"
     return 0
@@ -89,15 +102,22 @@ step install 120 60 bash -c "python -m pip install -q --no-index --no-deps --no-
 
 # CPU work in the background, niced, while the GPU steps run: every kernel built for three architectures on
 # the spare cores (no GPU needed), and data for the benchmarks
+KREPORT="" PREP=""
 if [ "$DRY" = 0 ]; then
-  (nice -n 19 python bench/kernel_report.py --save --jobs "${REPORT_JOBS:-10}" >"$LOGS/kernel_report.log" 2>&1) &
-  KREPORT=$!
-  (nice -n 19 python -m data_prep --out "$WORK/data_spm" --max-seq-len 256 --quiet >"$LOGS/prep_spm.log" 2>&1
-   nice -n 19 python -m data_prep --out "$WORK/data_byte" --max-seq-len 256 --tokenizer byte --quiet >"$LOGS/prep_byte.log" 2>&1
-   nice -n 19 python -m data_prep --out "$WORK/data_qs" --max-seq-len 128 >"$LOGS/prep_qs.log" 2>&1) &
+  if [ "${REPORT:-1}" = 1 ] && { wanted layer || wanted train; }; then  # REPORT=0: no compilers beside them
+    (nice -n 19 python bench/kernel_report.py --save --jobs "${REPORT_JOBS:-10}" >"$LOGS/kernel_report.log" 2>&1) &
+    KREPORT=$!
+  fi
+  (if wanted train; then
+     nice -n 19 python -m data_prep --out "$WORK/data_spm" --max-seq-len 256 --quiet >"$LOGS/prep_spm.log" 2>&1
+     nice -n 19 python -m data_prep --out "$WORK/data_byte" --max-seq-len 256 --tokenizer byte --quiet >"$LOGS/prep_byte.log" 2>&1
+   fi
+   if wanted quickstart; then
+     nice -n 19 python -m data_prep --out "$WORK/data_qs" --max-seq-len 128 >"$LOGS/prep_qs.log" 2>&1
+   fi) &
   PREP=$!
 else
-  say "| (background) | kernel report (${REPORT_JOBS:-10} compilers), data prep x3 | niced | |"
+  say "| (background) | kernel report (${REPORT_JOBS:-10} compilers) with layer or train, data prep for train and quickstart | niced | |"
 fi
 
 step layer 200 120 python bench/mlstm_layer.py --device cuda --sizes small,large,field --budget-s 15 --reps-small 5 \
@@ -106,6 +126,8 @@ step layer 200 120 python bench/mlstm_layer.py --device cuda --sizes small,large
 # the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
 step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline or verify" \
   tests/test_model_triton_core.py tests/test_parallel_pipeline.py tests/test_model_gpu_verify.py
+step gputests 150 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_common_devices.py \
+  tests/test_common_resources.py tests/test_classify.py
 if [ "$DRY" = 0 ]; then  # the background data prep, bounded: a step never waits without end
   for _ in $(seq 240); do kill -0 "$PREP" 2>/dev/null || break; sleep 1; done
   kill "$PREP" 2>/dev/null && say "| (background) | data prep still running after 240 s: stopped |"
@@ -114,21 +136,20 @@ step train 260 150 python bench/train_gpu.py --runs large_b128,large_b256,small,
   --phase-split large_b128 --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" \
   --timeout-s 90 --save
 [ "$DRY" = 1 ] || last_json train
-if [ -f bench/memory.py ]; then
-  step memory 60 40 python bench/memory.py --device cuda
-  [ "$DRY" = 1 ] || last_json memory
-fi
+step memory 180 60 python bench/memory.py --device cuda
+[ "$DRY" = 1 ] || last_json memory
 # 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
-step quickstart 200 180 env MLSTM_USE_CURRENT_ENV=1 MINUTES=1 DATA="$WORK/data_qs" OUT="$WORK/qs" ./launch/quickstart.sh
+step quickstart 200 150 env MLSTM_USE_CURRENT_ENV=1 MINUTES="${MINUTES:-1}" DATA="$WORK/data_qs" OUT="$WORK/qs" \
+  ./launch/quickstart.sh
 
 if [ "$DRY" = 0 ]; then
   # the kernel report, given what is left of the budget to finish; it saves as it goes, so a stop keeps its builds
-  while kill -0 "$KREPORT" 2>/dev/null && [ "$(elapsed)" -lt "$BUDGET" ]; do sleep 2; done
-  if kill -0 "$KREPORT" 2>/dev/null; then
+  while [ -n "$KREPORT" ] && kill -0 "$KREPORT" 2>/dev/null && [ "$(elapsed)" -lt "$BUDGET" ]; do sleep 2; done
+  if [ -n "$KREPORT" ] && kill -0 "$KREPORT" 2>/dev/null; then
     pkill -f "bench/kernel_report.py"
     say "| (background) | kernel report stopped at the budget: $(grep built "$LOGS/kernel_report.log" | tail -n 1) |"
   fi
-  cp bench/results/kernel_report.json "$OUT/kernel_report.json" 2>/dev/null
+  [ -z "$KREPORT" ] || cp bench/results/kernel_report.json "$OUT/kernel_report.json" 2>/dev/null
   jobs -p | xargs -r kill 2>/dev/null  # background work still going
   grep -h -E "mLSTM core on|optimizer:|resumed|test split|first step|samples @" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
     | cut -c1-400 | sort -u >"$LOGS/highlights.txt"

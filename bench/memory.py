@@ -1,6 +1,6 @@
 """Every memory estimate that admits or refuses work, against the memory the work really takes.
 
-    .venv/bin/python bench/memory.py [--only featurize,generate] [--quick] [--core python]
+    .venv/bin/python bench/memory.py [--only featurize,generate] [--quick] [--core python] [--device cuda]
 
 Each work (training, featurizing, fine-tuning, generation, the evaluation engine and its stream, cache and
 dynamic readers, a data prep block) runs in a child process of its own at a few sizes: the child builds the
@@ -16,6 +16,11 @@ The sizes make growths of 40-800 MB, so that the allocator's noise (a few MB: gl
 small-object caches, Python's free lists) is a few percent of what is measured. The children call
 `steady_heap` as app/transfer.py, generate.py and evaluate.py do (the trainer's step does not). `tests/`
 measures the small end of each estimate (tests/measured.py; a few seconds each).
+
+`--device cuda` runs the works the app runs on a GPU (featurizing, fine-tuning, generation, the evaluation
+engine, a training step; the readers and data prep run on the host) with the model there, and measures the
+growth of what torch's CUDA allocator hands out (`max_memory_allocated` less the allocation before; its
+reserved pool's growth is printed beside it). The estimates are then the app's for that device.
 """
 
 from __future__ import annotations
@@ -60,8 +65,20 @@ def _settle() -> int:
     return _status("VmRSS")
 
 
+def _cuda_settle() -> tuple[int, int]:
+    """Synchronise, free the allocator's cache, reset its peaks -> (bytes allocated, bytes reserved)."""
+    import torch
+
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+
 def run_child(spec: dict) -> dict:
-    """In the child: the work `spec["work"]` at `spec`'s sizes -> {estimate, measured, seconds}."""
+    """In the child: the work `spec["work"]` at `spec`'s sizes -> {estimate, measured, seconds} (on a CUDA
+    `spec["device"]`, also the growth of the allocator's reserved pool)."""
     import torch
 
     from app.common.resources import steady_heap
@@ -72,22 +89,38 @@ def run_child(spec: dict) -> dict:
     torch.set_num_threads(int(spec.get("threads", 1)))
     estimate, warm, work = WORKS[spec["work"]](spec)
     warm()
-    base = _settle()
+    cuda = _device(spec) != "cpu"
+    base, reserved = _cuda_settle() if cuda else (_settle(), 0)
     t0 = time.perf_counter()
     work()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return {"estimate": int(estimate), "measured": _status("VmHWM") - base, "seconds": round(seconds, 2)}
+    if not cuda:
+        return {"estimate": int(estimate), "measured": _status("VmHWM") - base, "seconds": round(seconds, 2)}
+    return {
+        "estimate": int(estimate),
+        "measured": torch.cuda.max_memory_allocated() - base,
+        "reserved": torch.cuda.max_memory_reserved() - reserved,
+        "seconds": round(seconds, 2),
+    }
 
 
 def measure(spec: dict, timeout: float = 600) -> dict:
     """The work of `spec` measured in a child process of its own -> spec + {estimate, measured, ratio}."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if _device(spec) == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{spec}: the child failed ({p.returncode}):\n{p.stderr[-4000:]}")
     got = json.loads(p.stdout.strip().splitlines()[-1])
     return {**spec, **got, "ratio": round(got["estimate"] / max(1, got["measured"]), 3)}
+
+
+def _device(spec: dict) -> str:
+    return spec.get("device", "cpu")
 
 
 # ---- the works: each returns (the app's estimate, a warm-up at a tiny size, the work itself)
@@ -104,7 +137,7 @@ def _model(spec: dict):
         num_layers=spec.get("layers", 1),
         core=spec.get("core", "auto"),
     )
-    return LanguageModel(cfg).eval()
+    return LanguageModel(cfg).to(_device(spec)).eval()
 
 
 def _texts(n: int, length: int | list[int], vocab: int, seed: int = 0) -> list:
@@ -124,7 +157,7 @@ def featurize(spec: dict):
     model, layers = _model(spec), list(range(spec.get("layers", 1)))
     ids = _texts(spec["rows"], spec["length"], model.cfg.vocab_size)
     budget = spec.get("batch_tokens", 4096)
-    estimate = featurize_bytes(ids, budget, model.cfg, len(layers))
+    estimate = featurize_bytes(ids, budget, model.cfg, len(layers), _device(spec))
     small = _texts(2, 50, model.cfg.vocab_size)
     return (
         estimate,
@@ -145,7 +178,7 @@ def finetune(spec: dict):
     cfg = FineTuneConfig(epochs=1, lr=1e-3, rows=spec.get("max_rows", 32), batch_tokens=spec.get("batch_tokens", 4096),
                          max_tokens=0, seed=0, from_scratch=False)  # fmt: skip
     y = np.arange(len(ids)) % 2
-    estimate = finetune_bytes(ids, cfg.batch_tokens, cfg.rows, model.cfg, len(layers))
+    estimate = finetune_bytes(ids, cfg.batch_tokens, cfg.rows, model.cfg, len(layers), _device(spec))
     small = _texts(4, 20, model.cfg.vocab_size)
     tiny = ((small, np.arange(4) % 2),) * 3
     return (
@@ -170,7 +203,7 @@ def generate(spec: dict):
     prompts = [
         "".join(chr(97 + (i * 7 + j) % 26) for j in range(spec["prompt"])) for i in range(spec["rows"])
     ]
-    estimate = generation_bytes(len(prompts), spec["prompt"] + 1, spec["new"], model.cfg)
+    estimate = generation_bytes(len(prompts), spec["prompt"] + 1, spec["new"], model.cfg, _device(spec))
 
     def run(ps: list[str], n: int):
         return gen(dec, tok, ps, max_new_tokens=n, sampling=sampling, seed=0, out=io.StringIO())
@@ -260,7 +293,8 @@ def train(spec: dict):
     a micro-batch of `rows` x `length` tokens; the estimate is the trainer's (app.training.bounds)."""
     from app.training.bounds import process_bytes
 
-    ds = json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())
+    conf = "cpu_zero2.json" if _device(spec) == "cpu" else "gpu_bf16_zero2.json"  # the GPU's: bf16
+    ds = json.loads((ROOT / "ds_configs" / conf).read_text())
     ds |= {"train_micro_batch_size_per_gpu": spec["rows"], "gradient_accumulation_steps": 1}
     ds["zero_optimization"]["stage"] = spec.get("zero", 2)
     model_cfg, layout, batch, build = _engine(spec, ds, inference=False)
@@ -351,6 +385,8 @@ WORKS: dict[str, Work] = {
     "dynamic": dynamic,
 }
 
+CUDA_WORKS = ("train", "engine", "featurize", "finetune", "generate")  # what the app runs on a GPU
+
 # the sizes the table is made of (tests/ measures the first of each)
 SIZES: dict[str, list[dict]] = {
     "train": [
@@ -415,28 +451,47 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated works (default: all)")
     ap.add_argument("--quick", action="store_true", help="the first size of each work only")
     ap.add_argument("--core", default="auto", help="model.core of every model (auto: the fused CPU op)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help=f"cuda: the works the app runs on a GPU ({', '.join(CUDA_WORKS)}), on the GPU")  # fmt: skip
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
         return 0
     names = [w for w in args.only.split(",") if w] or list(SIZES)
-    rows = []
+    if args.device == "cuda":
+        host = [n for n in names if n not in CUDA_WORKS]
+        print(f"on cuda, not measured (the app runs them on the host): {', '.join(host) or 'none'}")
+        names = [n for n in names if n in CUDA_WORKS]
+    rows, failed = [], []
     for name in names:
         for size in SIZES[name][:1] if args.quick else SIZES[name]:
-            rows.append(
-                measure({"work": name, **size, **({"core": args.core} if args.core != "auto" else {})})
-            )
-            r = rows[-1]
-            print(f"{name}: estimate {r['estimate'] / MIB:,.0f} MiB, measured {r['measured'] / MIB:,.0f} MiB "
-                  f"({r['ratio']:.2f}x, {r['seconds']} s)", flush=True)  # fmt: skip
+            spec = {"work": name, **size, **({"core": args.core} if args.core != "auto" else {})}
+            try:
+                rows.append(measure({**spec, **({"device": "cuda"} if args.device == "cuda" else {})}))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # said and counted, the other rows go on
+                failed.append({**spec, "error": str(e).strip().splitlines()[-1][:300]})
+                print(f"{name}: failed: {failed[-1]['error']}", flush=True)
+                continue
+            print(_row_line(rows[-1]), flush=True)
     print(table(rows))
-    within = all(1.0 <= r["ratio"] <= 2.0 for r in rows)
-    print(
-        json.dumps(
-            {"machine": platform.processor() or platform.machine(), "rows": rows, "within_1x_2x": within}
-        )
-    )
+    within = bool(rows) and all(1.0 <= r["ratio"] <= 2.0 for r in rows)
+    print(json.dumps({"machine": _machine(args.device), "device": args.device, "rows": rows, "failed": failed,
+                      "within_1x_2x": within}))  # fmt: skip
     return 0
+
+
+def _row_line(r: dict) -> str:
+    pool = f", allocator's pool +{r['reserved'] / MIB:,.0f} MiB" if "reserved" in r else ""
+    return (f"{r['work']}: estimate {r['estimate'] / MIB:,.0f} MiB, measured {r['measured'] / MIB:,.0f} MiB "
+            f"({r['ratio']:.2f}x, {r['seconds']} s{pool})")  # fmt: skip
+
+
+def _machine(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

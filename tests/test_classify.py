@@ -345,3 +345,40 @@ def test_bad_requests_are_one_line(kept, tmp_path, capsys, argv, needle):
     assert classify(*args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_transfer_fine_tunes_and_one_launched_rank_labels_as_the_cpu_does(kept, tmp_path):
+    """Issue 40 on a GPU: app/transfer.py --device cuda featurizes, probes and fine-tunes there, and probes
+    as --device cpu does; the CPU's kept probe, run by `deepspeed --num_gpus 1 app/classify.py --device
+    cuda`, gives the CPU run's labels and probabilities (fp32 on both: the Triton core, the fused CPU op)."""
+    root, _ = kept
+    args = ["--checkpoint", str(root / "run"), "--train", str(root / "train.csv"), "--test"]
+    args += [str(root / "test.jsonl"), "--finetune-epochs", "1", "--heatmap-texts", "0"]
+    res = {}
+    for dev in ("cpu", "cuda"):
+        assert transfer_main([*args, "--out", str(tmp_path / dev), "--device", dev]) == 0
+        res[dev] = json.loads((tmp_path / dev / "transfer.json").read_text())
+        assert res[dev]["featurize"]["device"] == dev and res[dev]["finetune"]["epochs"] == 1
+    assert abs(res["cuda"]["test_accuracy"] - res["cpu"]["test_accuracy"]) <= 2 / 240  # features to rounding
+    flags = (
+        "--classifier",
+        res["cpu"]["classifier"],
+        "--input",
+        root / "test.jsonl",
+        "--keep-fields",
+        "label",
+    )
+    assert classify(*flags, "--output", tmp_path / "cpu.csv", "--device", "cpu") == 0
+    p = launch(1, *flags, "--output", tmp_path / "gpu.csv", "--device", "cuda")
+    assert "classified 240 texts" in p.stdout
+    cpu, gpu = read_csv(tmp_path / "cpu.csv"), read_csv(tmp_path / "gpu.csv")
+    labels = [k[2:] for k in cpu[0] if k.startswith("p_")]
+    pc = np.asarray([[float(r[f"p_{k}"]) for k in labels] for r in cpu])
+    pg = np.asarray([[float(r[f"p_{k}"]) for k in labels] for r in gpu])
+    np.testing.assert_allclose(pg, pc, atol=1e-3)
+    clear = np.abs(pc[:, 0] - 0.5) > 1e-2  # a label can only flip where the two probabilities straddle 0.5
+    assert clear.sum() > 200
+    assert [r["predicted"] for r, c in zip(gpu, clear) if c] == [
+        r["predicted"] for r, c in zip(cpu, clear) if c
+    ]
