@@ -24,7 +24,7 @@
 #             export, generate)
 # OUTDIR gets at most 8 files: summary.md, logs.tar.gz, and each benchmark's JSON line (*.json).
 # Environment: WHEELS, SESSION_BUDGET_S (default 540), MLSTM_GIT_COMMIT (recorded in the JSON lines where the
-# tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session), STEPS (the steps to run, comma-separated;
+# tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session), SESSION_STEPS (the steps to run, comma-separated;
 # default all: install,layer,tests,gputests,train,memory,quickstart; the background work runs with the steps
 # that need it), MINUTES (the quickstart's budget), REPORT (0: no kernel report beside the layer and training
 # steps, whose launch-bound contenders its compilers slow).
@@ -36,7 +36,7 @@ DRY=0
 WHEELS="${WHEELS:-$ROOT/.whl}"
 WORK="${WORK:-/tmp/mlstm-gpu-session}"
 BUDGET="${SESSION_BUDGET_S:-540}"
-STEPS=",${STEPS:-install,layer,tests,gputests,train,memory,quickstart},"
+SESSION_STEPS=",${SESSION_STEPS:-install,layer,tests,gputests,train,memory,quickstart},"
 LOGS="$WORK/logs"
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -52,7 +52,7 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false BENCH
 export MLSTM_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" TORCH_EXTENSIONS_DIR="$WORK/torch_ext"
 
 elapsed() { echo $(($(date +%s) - START)); }
-wanted() { [[ "$STEPS" == *",$1,"* ]]; }
+wanted() { [[ "$SESSION_STEPS" == *",$1,"* ]]; }
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME LIMIT_S MIN_LEFT_S CMD...: run CMD under a time limit, its output in $LOGS/NAME.log, a summary row
@@ -60,7 +60,7 @@ step() {
   local name=$1 limit=$2 need=$3
   shift 3
   if ! wanted "$name"; then
-    say "| $name | not in STEPS | | |"
+    say "| $name | not in SESSION_STEPS | | |"
     return 0
   fi
   if [ "$DRY" = 1 ]; then
@@ -122,7 +122,7 @@ fi
 
 step layer 200 120 python bench/mlstm_layer.py --device cuda --sizes small,large,field --budget-s 15 --reps-small 5 \
   --reps-large 3 --save
-[ "$DRY" = 1 ] || last_json layer
+wanted layer && [ "$DRY" = 0 ] && last_json layer
 # the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
 step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline or verify" \
   tests/test_model_triton_core.py tests/test_parallel_pipeline.py tests/test_model_gpu_verify.py
@@ -135,9 +135,9 @@ fi
 step train 260 150 python bench/train_gpu.py --runs large_b128,large_b256,small,small_warm --steps 20 --skip 6 \
   --phase-split large_b128 --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" \
   --timeout-s 90 --save
-[ "$DRY" = 1 ] || last_json train
-step memory 180 60 python bench/memory.py --device cuda
-[ "$DRY" = 1 ] || last_json memory
+wanted train && [ "$DRY" = 0 ] && last_json train
+step memory 180 60 python bench/memory.py --device cuda ${MEMORY_ARGS:-}
+wanted memory && [ "$DRY" = 0 ] && last_json memory
 # 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
 step quickstart 200 150 env MLSTM_USE_CURRENT_ENV=1 MINUTES="${MINUTES:-1}" DATA="$WORK/data_qs" OUT="$WORK/qs" \
   ./launch/quickstart.sh

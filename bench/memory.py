@@ -98,12 +98,18 @@ def run_child(spec: dict) -> dict:
     seconds = time.perf_counter() - t0
     if not cuda:
         return {"estimate": int(estimate), "measured": _status("VmHWM") - base, "seconds": round(seconds, 2)}
-    return {
+    got = {
         "estimate": int(estimate),
         "measured": torch.cuda.max_memory_allocated() - base,
         "reserved": torch.cuda.max_memory_reserved() - reserved,
         "seconds": round(seconds, 2),
     }
+    # the same work again: what the first run left allocated (the GPU core's tuning, arenas and graphs at
+    # these shapes) is then in the base, so the second growth is the work's own
+    again, _ = _cuda_settle()
+    work()
+    torch.cuda.synchronize()
+    return {**got, "left_allocated": again - base, "again": torch.cuda.max_memory_allocated() - again}
 
 
 def measure(spec: dict, timeout: float = 600) -> dict:
@@ -481,7 +487,12 @@ def main() -> int:
 
 
 def _row_line(r: dict) -> str:
-    pool = f", allocator's pool +{r['reserved'] / MIB:,.0f} MiB" if "reserved" in r else ""
+    pool = (
+        f", allocator's pool +{r['reserved'] / MIB:,.0f} MiB; {r['left_allocated'] / MIB:,.0f} MiB left allocated "
+        f"after it, the same work again +{r['again'] / MIB:,.0f} MiB"
+        if "reserved" in r
+        else ""
+    )
     return (f"{r['work']}: estimate {r['estimate'] / MIB:,.0f} MiB, measured {r['measured'] / MIB:,.0f} MiB "
             f"({r['ratio']:.2f}x, {r['seconds']} s{pool})")  # fmt: skip
 
