@@ -126,7 +126,7 @@ wanted layer && [ "$DRY" = 0 ] && last_json layer
 # the gpu tests, and beside them (a worker of its own) a 2-rank CPU launch, which must keep off the GPU
 step tests 150 60 python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k "cuda or pipeline or verify" \
   tests/test_model_triton_core.py tests/test_parallel_pipeline.py tests/test_model_gpu_verify.py
-step gputests 150 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_common_devices.py \
+step gputests 120 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_common_devices.py \
   tests/test_common_resources.py tests/test_classify.py
 if [ "$DRY" = 0 ]; then  # the background data prep, bounded: a step never waits without end
   for _ in $(seq 240); do kill -0 "$PREP" 2>/dev/null || break; sleep 1; done
@@ -136,7 +136,7 @@ step train 260 150 python bench/train_gpu.py --runs large_b128,large_b256,small,
   --phase-split large_b128 --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" \
   --timeout-s 90 --save
 wanted train && [ "$DRY" = 0 ] && last_json train
-step memory 180 60 python bench/memory.py --device cuda ${MEMORY_ARGS:-}
+step memory 200 60 python bench/memory.py --device cuda ${MEMORY_ARGS:-}
 wanted memory && [ "$DRY" = 0 ] && last_json memory
 # 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
 step quickstart 200 150 env MLSTM_USE_CURRENT_ENV=1 MINUTES="${MINUTES:-1}" DATA="$WORK/data_qs" OUT="$WORK/qs" \

@@ -23,10 +23,10 @@ def test_the_dry_run_plans_every_step_within_the_budget(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ")]
     steps = [r.split("|")[1].strip() for r in rows[1:]]
-    memory = ["memory"] if (ROOT / "bench" / "memory.py").exists() else []
-    assert steps == ["wheels", "install", "(background)", "layer", "tests", "train", *memory, "quickstart"]
+    assert steps == ["wheels", "install", "(background)", "layer", "tests", "gputests", "train", "memory",
+                     "quickstart"]  # fmt: skip
     limits = [int(r.split("limit ")[1].split("s")[0]) for r in rows if "limit " in r]
-    assert sum(limits) <= 10 * 60 * 2  # each step is bounded; the session budget decides what runs
+    assert sum(limits) <= 22 * 60  # each step is bounded; SESSION_BUDGET_S decides what runs in a call
     assert "commit abc1234" in p.stdout and (tmp_path / "out" / "summary.md").read_text() == p.stdout
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what a device call brings back
 
@@ -35,3 +35,20 @@ def test_no_wheels_is_one_line(tmp_path):
     p = _dry(tmp_path, tmp_path / "none")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("error: no wheels in ")
+
+
+def test_session_steps_picks_the_steps_and_leaves_the_quickstarts_steps_alone(tmp_path):
+    """SESSION_STEPS (not STEPS, which launch/quickstart.sh reads as --max-steps: run 4's first call passed
+    the step list to the quickstart) runs the steps named; the others are said to be left out."""
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    (wheels / "deepspeed-0.19.8-py3-none-any.whl").write_bytes(b"PK")
+    env = dict(os.environ, WHEELS=str(wheels), WORK=str(tmp_path / "work"), SESSION_STEPS="install,memory",
+               STEPS="7", MINUTES="0.5")  # fmt: skip
+    p = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "--dry-run"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rows = {r.split("|")[1].strip(): r for r in p.stdout.splitlines() if r.startswith("| ")}
+    assert "limit " in rows["install"] and "--device cuda" in rows["memory"]
+    for name in ("layer", "tests", "gputests", "train", "quickstart"):
+        assert "not in SESSION_STEPS" in rows[name], rows[name]
