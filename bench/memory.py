@@ -441,13 +441,32 @@ SIZES: dict[str, list[dict]] = {
 
 
 def table(rows: list[dict]) -> str:
-    head = "| work | sizes | estimate MiB | measured MiB | estimate / measured |\n|---|---|---:|---:|---:|"
-    skip = {"work", "estimate", "measured", "ratio", "seconds"}
-    lines = [
-        f"| {r['work']} | {', '.join(f'{k} {v}' for k, v in r.items() if k not in skip)} | "
-        f"{r['estimate'] / MIB:,.0f} | {r['measured'] / MIB:,.0f} | {r['ratio']:.2f} |"
-        for r in rows
-    ]
+    """The rows as a Markdown table; on a GPU with the allocator's second run (the work again) beside."""
+    cuda = any("again" in r for r in rows)
+    head = "| work | sizes | estimate MiB | measured MiB | estimate / measured |"
+    head += (
+        " again MiB | estimate / again |\n|---|---|---:|---:|---:|---:|---:|"
+        if cuda
+        else "\n|---|---|---:|---:|---:|"
+    )
+    skip = {
+        "work",
+        "estimate",
+        "measured",
+        "ratio",
+        "seconds",
+        "device",
+        "reserved",
+        "left_allocated",
+        "again",
+    }
+    lines = []
+    for r in rows:
+        line = (f"| {r['work']} | {', '.join(f'{k} {v}' for k, v in r.items() if k not in skip)} | "
+                f"{r['estimate'] / MIB:,.0f} | {r['measured'] / MIB:,.0f} | {r['ratio']:.2f} |")  # fmt: skip
+        if cuda:
+            line += f" {r['again'] / MIB:,.0f} | {r['estimate'] / max(1, r['again']):.2f} |"
+        lines.append(line)
     return "\n".join([head, *lines])
 
 

@@ -10,8 +10,15 @@
 # workers (tests/conftest.py).
 # `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
 # sets the workers.
+#   launch/test.sh --all [pytest args]: every test, the `long` ones too (pyproject.toml's markers: another
+#   layout, size or scenario of a path a default test runs, or a wait on a wall clock), which the default
+#   run (CI's, under 15 minutes on 2 cores) leaves out and counts (docs/development.md, Tests)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ "${1:-}" = --all ]; then
+  export MLSTM_TEST_ALL=1
+  shift
+fi
 compat=()
 if [ "${1:-}" = --compat ]; then
   compat=("$1" "${2:-}")

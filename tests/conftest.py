@@ -197,15 +197,38 @@ HEAVY_FILES = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """Heavy files first (HEAVY_FILES; the order within a file is kept). `gpu` tests need a CUDA device:
-    skipped, with the reason shown, where torch sees none."""
+    """Heavy files first (HEAVY_FILES; the order within a file is kept). `long` tests are left out unless
+    MLSTM_TEST_ALL=1 (`launch/test.sh --all`) or a -m expression picks the tests. `gpu` tests need a CUDA
+    device: skipped, with the reason shown, where torch sees none."""
     items.sort(key=lambda item: -HEAVY_FILES.get(item.path.name, 0))  # stable: the rest keep their order
+    if os.environ.get("MLSTM_TEST_ALL") != "1" and not config.option.markexpr:
+        long = [item for item in items if item.get_closest_marker("long") is not None]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if item.get_closest_marker("long") is None]
+            _long_left_out(config).write_text(str(len(long)))  # every worker collects the same tests
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def _long_left_out(config) -> Path:
+    """Where the count of `long` tests left out is kept: the run's temp folder, which pytest-xdist's workers
+    have theirs in (the controller, which collects nothing, says it)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "long-tests-left-out"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Said at the end of every default run: how many `long` tests it left out, and how to run them."""
+    path = _long_left_out(config)
+    if path.exists():
+        n = int(path.read_text())
+        terminalreporter.write_line(f"{n} long test{'s' * (n != 1)} left out of this run (pyproject.toml's "
+                                    "`long` marker): ./launch/test.sh --all runs every test")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

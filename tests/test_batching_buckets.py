@@ -261,7 +261,7 @@ def _tiny_corpus(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("stages", [1, 2], ids=["p1_dp2", "p2_dp1"])
+@pytest.mark.parametrize("stages", [1, pytest.param(2, marks=pytest.mark.long)], ids=["p1_dp2", "p2_dp1"])
 def test_tiny_skewed_corpus_on_two_ranks_finishes_or_refuses_in_one_line(tmp_path_factory, tmp_path, stages):
     import json
     import subprocess

@@ -91,6 +91,7 @@ def no_kernel_timing(monkeypatch) -> None:
     monkeypatch.setenv("MLSTM_MATMUL", "mm")
 
 
+@pytest.mark.long  # the field's size; the mapping is checked step by step at a small one (test_checkpoints_import_openai.py)
 def test_large_openai_import_is_an_export_that_evaluates_and_generates(
     large_import, tmp_path, capsys, monkeypatch
 ):
@@ -116,6 +117,7 @@ def test_large_openai_import_is_an_export_that_evaluates_and_generates(
     assert rc == 0 and out.out.startswith("This is ") and "new tokens" in out.err, out
 
 
+@pytest.mark.long  # the field's size (as above)
 def test_large_openai_import_featurizes_as_openai_transform_transfers_and_classifies(
     large_import, tmp_path, capsys, monkeypatch
 ):

@@ -126,7 +126,11 @@ def test_fused_from_a_carried_state_matches_float64_equations(shape, cdt):
     gy = torch.randn(B, T, H, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
     ref = run("reference", x, ws, gy, cdt, state)
     fused, py = run("fused", x, ws, gy, cdt, state), run("python", x, ws, gy, cdt, state)
-    floor, tol = {torch.float64: (0.0, 1e-10), torch.float32: (1e-6, 1e-4), torch.bfloat16: (8e-3, 5e-2)}[cdt]
+    # float32's floor: the fused and Python cores sum the B*T terms of each weight gradient in other orders;
+    # over 60 fresh draws at (8, 4, 24, 520) the fused error exceeded twice the Python core's by up to 3.8e-6
+    # of the largest entry (32 eps, d(w_m)): the floor is 64 eps (1e-6, 8 eps, failed in a suite run)
+    f32 = 64 * torch.finfo(torch.float32).eps
+    floor, tol = {torch.float64: (0.0, 1e-10), torch.float32: (f32, 1e-4), torch.bfloat16: (8e-3, 5e-2)}[cdt]
     for name, a, p, b in zip(NAMES, fused, py, ref, strict=True):
         scale = max(1.0, b.abs().max().item())
         err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()

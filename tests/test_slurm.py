@@ -76,6 +76,7 @@ def _job_field(cluster, job: str, field: str) -> str:
     return next((t.split("=", 1)[1] for t in p.stdout.split() if t.startswith(f"{field}=")), "")
 
 
+@pytest.mark.long  # a wait on the scheduler's requeue; the signal's save and rerun: test_training_preemption.py
 def test_usr1_saves_the_step_and_the_job_requeues_and_resumes(
     slurm_cluster, reference_run, prepared_dir, tmp_path
 ):
