@@ -27,7 +27,8 @@
 # tree has no .git), WORK (scratch, default /tmp/mlstm-gpu-session), SESSION_STEPS (the steps to run, comma-separated;
 # default all: install,layer,tests,gputests,train,memory,quickstart; the background work runs with the steps
 # that need it), MINUTES (the quickstart's budget), REPORT (0: no kernel report beside the layer and training
-# steps, whose launch-bound contenders its compilers slow).
+# steps, whose launch-bound contenders its compilers slow), MEMORY_ARGS (bench/memory.py's, default --quick:
+# the first size of each work, run twice; the whole table twice over does not fit the step's limit).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?usage: bench/gpu_session.sh OUTDIR [--dry-run]}"
@@ -53,6 +54,13 @@ export MLSTM_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" TORCH_EXTEN
 
 elapsed() { echo $(($(date +%s) - START)); }
 wanted() { [[ "$SESSION_STEPS" == *",$1,"* ]]; }
+for s in $(echo "$SESSION_STEPS" | tr ',' ' '); do
+  case "$s" in
+    install | layer | tests | gputests | train | memory | quickstart) ;;
+    *) echo "error: SESSION_STEPS: no step '$s' (install, layer, tests, gputests, train, memory, quickstart)" >&2
+       exit 2 ;;
+  esac
+done
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
 # step NAME LIMIT_S MIN_LEFT_S CMD...: run CMD under a time limit, its output in $LOGS/NAME.log, a summary row
@@ -136,10 +144,10 @@ step train 260 150 python bench/train_gpu.py --runs large_b128,large_b256,small,
   --phase-split large_b128 --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" --keep "$WORK/train" \
   --timeout-s 90 --save
 wanted train && [ "$DRY" = 0 ] && last_json train
-step memory 200 60 python bench/memory.py --device cuda ${MEMORY_ARGS:-}
+step memory 200 60 python bench/memory.py --device cuda ${MEMORY_ARGS---quick}
 wanted memory && [ "$DRY" = 0 ] && last_json memory
 # 1 minute of training, plus start-up, the final evaluation, samples, evaluate, export, generate: ~3 minutes
-step quickstart 200 150 env MLSTM_USE_CURRENT_ENV=1 MINUTES="${MINUTES:-1}" DATA="$WORK/data_qs" OUT="$WORK/qs" \
+step quickstart 200 150 env -u STEPS MLSTM_USE_CURRENT_ENV=1 MINUTES="${MINUTES:-1}" DATA="$WORK/data_qs" OUT="$WORK/qs" \
   ./launch/quickstart.sh
 
 if [ "$DRY" = 0 ]; then

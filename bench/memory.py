@@ -20,7 +20,9 @@ measures the small end of each estimate (tests/measured.py; a few seconds each).
 `--device cuda` runs the works the app runs on a GPU (featurizing, fine-tuning, generation, the evaluation
 engine, a training step; the readers and data prep run on the host) with the model there, and measures the
 growth of what torch's CUDA allocator hands out (`max_memory_allocated` less the allocation before; its
-reserved pool's growth is printed beside it). The estimates are then the app's for that device.
+reserved pool's growth is printed beside it). The estimates are then the app's for that device. Each work
+then runs a second time in its child: `left_allocated` is what the first run left allocated (the Triton
+core's tuning, arenas and graphs at those shapes), `again` the second run's growth (the work's own).
 """
 
 from __future__ import annotations
@@ -483,6 +485,9 @@ def main() -> int:
         print(json.dumps(run_child(json.loads(args.child))))
         return 0
     names = [w for w in args.only.split(",") if w] or list(SIZES)
+    if args.device == "cuda" and not _cuda_seen():
+        print("error: --device cuda: torch sees no CUDA device here", file=sys.stderr)
+        return 2
     if args.device == "cuda":
         host = [n for n in names if n not in CUDA_WORKS]
         print(f"on cuda, not measured (the app runs them on the host): {', '.join(host) or 'none'}")
@@ -499,7 +504,7 @@ def main() -> int:
                 continue
             print(_row_line(rows[-1]), flush=True)
     print(table(rows))
-    within = bool(rows) and all(1.0 <= r["ratio"] <= 2.0 for r in rows)
+    within = bool(rows) and not failed and all(1.0 <= r["ratio"] <= 2.0 for r in rows)
     print(json.dumps({"machine": _machine(args.device), "device": args.device, "rows": rows, "failed": failed,
                       "within_1x_2x": within}))  # fmt: skip
     return 0
@@ -514,6 +519,12 @@ def _row_line(r: dict) -> str:
     )
     return (f"{r['work']}: estimate {r['estimate'] / MIB:,.0f} MiB, measured {r['measured'] / MIB:,.0f} MiB "
             f"({r['ratio']:.2f}x, {r['seconds']} s{pool})")  # fmt: skip
+
+
+def _cuda_seen() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _machine(device: str) -> str:

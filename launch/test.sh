@@ -10,15 +10,16 @@
 # workers (tests/conftest.py).
 # `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
 # sets the workers.
-#   launch/test.sh --all [pytest args]: every test, the `long` ones too (pyproject.toml's markers: another
-#   layout, size or scenario of a path a default test runs, or a wait on a wall clock), which the default
-#   run (CI's, under 15 minutes on 2 cores) leaves out and counts (docs/development.md, Tests)
+#   launch/test.sh --all [pytest args]: every test, the `long` ones too (pyproject.toml's markers: minutes
+#   for a case the default run covers in part; each says what only it runs), which the default run (the
+#   README's and CI's) leaves out and counts (docs/development.md, Tests). `--all` may come anywhere.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ "${1:-}" = --all ]; then
-  export MLSTM_TEST_ALL=1
-  shift
-fi
+args=()
+for a in "$@"; do
+  if [ "$a" = --all ]; then export MLSTM_TEST_ALL=1; else args+=("$a"); fi
+done
+set -- ${args[@]+"${args[@]}"}
 compat=()
 if [ "${1:-}" = --compat ]; then
   compat=("$1" "${2:-}")

@@ -196,17 +196,22 @@ HEAVY_FILES = {
 }  # fmt: skip
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected: the count is of the tests they left
 def pytest_collection_modifyitems(config, items):
-    """Heavy files first (HEAVY_FILES; the order within a file is kept). `long` tests are left out unless
-    MLSTM_TEST_ALL=1 (`launch/test.sh --all`) or a -m expression picks the tests. `gpu` tests need a CUDA
-    device: skipped, with the reason shown, where torch sees none."""
+    """Heavy files first (HEAVY_FILES; the order within a file is kept). `long` tests are left out, and
+    counted, unless MLSTM_TEST_ALL=1 (`launch/test.sh --all`), a -m expression names `long`, or a test is
+    named by its node id. `gpu` tests need a CUDA device: skipped, with the reason shown, where torch sees
+    none."""
     items.sort(key=lambda item: -HEAVY_FILES.get(item.path.name, 0))  # stable: the rest keep their order
-    if os.environ.get("MLSTM_TEST_ALL") != "1" and not config.option.markexpr:
+    asked = "long" in (config.option.markexpr or "") or any("::" in a for a in config.args)
+    if os.environ.get("MLSTM_TEST_ALL") != "1" and not asked:
         long = [item for item in items if item.get_closest_marker("long") is not None]
         if long:
             config.hook.pytest_deselected(items=long)
             items[:] = [item for item in items if item.get_closest_marker("long") is None]
-            _long_left_out(config).write_text(str(len(long)))  # every worker collects the same tests
+        config.stash[_LONG_LEFT_OUT] = len(long)
+        if hasattr(config, "workeroutput"):  # a pytest-xdist worker: its controller says it
+            config.workeroutput["long_left_out"] = len(long)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
@@ -215,18 +220,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _long_left_out(config) -> Path:
-    """Where the count of `long` tests left out is kept: the run's temp folder, which pytest-xdist's workers
-    have theirs in (the controller, which collects nothing, says it)."""
-    base = config._tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "long-tests-left-out"
+_LONG_LEFT_OUT = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller, as a worker ends: the count of `long` tests it left out (each collects all)."""
+    n = getattr(node, "workeroutput", {}).get("long_left_out")
+    if n is not None:
+        node.config.stash[_LONG_LEFT_OUT] = n
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Said at the end of every default run: how many `long` tests it left out, and how to run them."""
-    path = _long_left_out(config)
-    if path.exists():
-        n = int(path.read_text())
+    n = config.stash.get(_LONG_LEFT_OUT, 0)
+    if n:
         terminalreporter.write_line(f"{n} long test{'s' * (n != 1)} left out of this run (pyproject.toml's "
                                     "`long` marker): ./launch/test.sh --all runs every test")  # fmt: skip
 

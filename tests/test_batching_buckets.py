@@ -261,6 +261,8 @@ def _tiny_corpus(tmp_path_factory):
     return out
 
 
+# `long` at P = 2 x DP = 1: the skew across replicas this test is about is P = 1 x DP = 2's; what only the P = 2
+# case runs is the pipeline on fewer rows than one global batch
 @pytest.mark.parametrize("stages", [1, pytest.param(2, marks=pytest.mark.long)], ids=["p1_dp2", "p2_dp1"])
 def test_tiny_skewed_corpus_on_two_ranks_finishes_or_refuses_in_one_line(tmp_path_factory, tmp_path, stages):
     import json

@@ -52,3 +52,9 @@ def test_session_steps_picks_the_steps_and_leaves_the_quickstarts_steps_alone(tm
     assert "limit " in rows["install"] and "--device cuda" in rows["memory"]
     for name in ("layer", "tests", "gputests", "train", "quickstart"):
         assert "not in SESSION_STEPS" in rows[name], rows[name]
+    env["SESSION_STEPS"] = "install,gputest"  # a misspelt step runs nothing: refused before the plan
+    p = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out2"), "--dry-run"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: SESSION_STEPS: no step 'gputest' (install, layer, tests, gputests, train, memory, quickstart)"
+    ]

@@ -31,7 +31,6 @@ def test_a_pp2_run_resumes_as_p1_with_its_optimizer_state(reference_run, prepare
 
 
 @pytest.mark.slow
-@pytest.mark.long  # the universal checkpoint's path: the test above, into one rank
 def test_a_pp2_run_resumes_on_two_ranks_with_half_the_accumulation(reference_run, prepared_dir, tmp_path):
     """The cluster case: a P = 2 x DP = 1 run (accumulation 4) resumed as P = 1 x DP = 2 with accumulation 2, the
     same 4 micro-batches a step, needs no --allow-data-change and repeats the uninterrupted run's steps."""

@@ -44,7 +44,6 @@ def _start_loss(run: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # --init-from an export: test_import_weights.py; from a run: the tests below
 def test_fine_tune_from_an_export_and_from_a_run_in_other_layouts(reference_run, other_corpus, tmp_path):
     from app.export import main as export_main
 

@@ -351,7 +351,9 @@ def test_bad_requests_are_one_line(kept, tmp_path, capsys, argv, needle):
 def test_on_a_gpu_transfer_fine_tunes_and_one_launched_rank_labels_as_the_cpu_does(kept, tmp_path):
     """Issue 40 on a GPU: app/transfer.py --device cuda featurizes, probes and fine-tunes there, and probes
     as --device cpu does; the CPU's kept probe, run by `deepspeed --num_gpus 1 app/classify.py --device
-    cuda`, gives the CPU run's labels and probabilities (fp32 on both: the Triton core, the fused CPU op)."""
+    cuda`, gives the CPU run's labels and probabilities (fp32 on both: the Triton core, the fused CPU op).
+    The launched rank sees the GPU although this suite hides it from what it launches
+    (`_cpu_for_launched_processes`): DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES for its ranks."""
     root, _ = kept
     args = ["--checkpoint", str(root / "run"), "--train", str(root / "train.csv"), "--test"]
     args += [str(root / "test.jsonl"), "--finetune-epochs", "1", "--heatmap-texts", "0"]

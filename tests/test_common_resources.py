@@ -57,5 +57,5 @@ def test_on_a_cuda_device_the_free_memory_is_the_devices():
     free, _ = torch.cuda.mem_get_info(0)
     got = resources.available_memory("cuda:0")
     assert abs(got - free) < 256 << 20  # what the driver reports, not the host's RAM
-    with pytest.raises(UserError, match=r"of memory on cuda:0 and [\d.]+ GiB is available; lower it$"):
+    with pytest.raises(UserError, match=r"of memory on cuda:0 and [\d.]+ [GM]iB is available; lower it$"):
         resources.check_fits("a batch", 10 * free, "lower it", "cuda:0")

@@ -124,7 +124,6 @@ def whole_text_bits_per_byte(ckpt: Path, text: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # the reference checkpoint is evaluated the same ways (below)
 def test_pp2_dp2_checkpoint_evaluated_as_one_process_and_as_two_stages(pp2_dp2_run, prepared_dir, tmp_path):
     text = ROOT / "README.md"
     common = ["--data", str(prepared_dir), "--text", str(text)]

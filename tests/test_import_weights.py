@@ -1,6 +1,7 @@
 """app/import_weights.py (`mlstm-import`): an import is an ordinary export that every command reads.
 
-- OpenAI's layout at the `large` size (64 x 4096, built at random here: no download) is imported, then
+- OpenAI's layout at a small size, and (the `long` tier) at the `large` size (64 x 4096, OpenAI's own), built
+  at random here (no download), is imported, then
   evaluated (app/evaluate.py: its loss on a text is the one encoder.py's equations give), sampled
   (app/generate.py) and featurized and probed (app/transfer.py: the features are OpenAI's `transform`'s,
   the final cell state after "\\n " + text + " ", through the export's feature_preprocess), and the probe
@@ -74,15 +75,19 @@ def nats_of_text(stepper: OpenAIStepper, data: bytes) -> float:
     return float(np.mean([logz[t] - ours[t, k] for t, k in enumerate(targets)]))
 
 
-@pytest.fixture(scope="module")
-def large_import(tmp_path_factory):
-    """OpenAI's layout at the `large` preset's size, random, imported: (export folder, the arrays)."""
-    root = tmp_path_factory.mktemp("large")
-    large = PRESETS["large"]
-    assert large["num_layers"] == 1  # OpenAI's model: one layer
-    arrays = write_openai(root / "repo" / "model", E=large["embed_dim"], H=large["hidden_dim"])
+SIZES = {"small": {"embed_dim": 16, "hidden_dim": 64, "num_layers": 1}, "large": PRESETS["large"]}
+
+
+@pytest.fixture(scope="module", params=["small", pytest.param("large", marks=pytest.mark.long)])
+def openai_import(request, tmp_path_factory):
+    """OpenAI's layout, random, imported at a small size (the default run) and at the `large` preset's,
+    OpenAI's own 64 x 4096 (the `long` tier: minutes of CPU): (export folder, the arrays, the sizes)."""
+    root = tmp_path_factory.mktemp(request.param)
+    size = SIZES[request.param]
+    assert size["num_layers"] == 1  # OpenAI's model: one layer
+    arrays = write_openai(root / "repo" / "model", E=size["embed_dim"], H=size["hidden_dim"])
     assert import_main(["--from", "openai", str(root / "repo"), "--out", str(root / "exp")]) == 0
-    return root / "exp", arrays
+    return root / "exp", arrays, size
 
 
 def no_kernel_timing(monkeypatch) -> None:
@@ -91,15 +96,14 @@ def no_kernel_timing(monkeypatch) -> None:
     monkeypatch.setenv("MLSTM_MATMUL", "mm")
 
 
-@pytest.mark.long  # the field's size; the mapping is checked step by step at a small one (test_checkpoints_import_openai.py)
-def test_large_openai_import_is_an_export_that_evaluates_and_generates(
-    large_import, tmp_path, capsys, monkeypatch
+def test_openai_import_is_an_export_that_evaluates_and_generates(
+    openai_import, tmp_path, capsys, monkeypatch
 ):
     no_kernel_timing(monkeypatch)
-    exp, arrays = large_import
+    exp, arrays, size = openai_import
     cfg = json.loads((exp / "config.json").read_text())
     assert cfg["format"] == "mlstm-ds-export" and cfg["feature_preprocess"] == "openai"
-    assert {k: cfg["model_config"][k] for k in PRESETS["large"]} == PRESETS["large"]
+    assert {k: cfg["model_config"][k] for k in size} == size
     assert cfg["tokenizer"]["type"] == "byte" and cfg["model_type"] == "multiplicative_lstm"
     assert "## Origin" in (exp / "README.md").read_text()
     text = tmp_path / "review.txt"
@@ -117,12 +121,11 @@ def test_large_openai_import_is_an_export_that_evaluates_and_generates(
     assert rc == 0 and out.out.startswith("This is ") and "new tokens" in out.err, out
 
 
-@pytest.mark.long  # the field's size (as above)
-def test_large_openai_import_featurizes_as_openai_transform_transfers_and_classifies(
-    large_import, tmp_path, capsys, monkeypatch
+def test_openai_import_featurizes_as_openai_transform_transfers_and_classifies(
+    openai_import, tmp_path, capsys, monkeypatch
 ):
     no_kernel_timing(monkeypatch)
-    exp, arrays = large_import
+    exp, arrays, size = openai_import
     assert feature_preprocess(exp) == "openai"
     model, tok, _ = load_exported(exp)
     feats = featurize_sets(model, token_ids(tok, TEXTS, "openai"), [0], 4096, tok.pad_id)
@@ -147,7 +150,7 @@ def test_large_openai_import_featurizes_as_openai_transform_transfers_and_classi
     assert "feature_preprocess 'openai'" in capsys.readouterr().out
     res = json.loads((tmp_path / "t" / "transfer.json").read_text())
     assert (
-        res["hidden_dim"] == 4096
+        res["hidden_dim"] == size["hidden_dim"]
         and res["rows"] == {"train": 12, "test": 6}
         and 0 <= res["test_accuracy"] <= 1
     )

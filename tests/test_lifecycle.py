@@ -74,8 +74,6 @@ def test_stalled_rank_stops_the_others_within_dist_timeout(prepared_dir, tmp_pat
     assert not shm_left(port), shm_left(port)
 
 
-@pytest.mark.long  # three faults in a row; each path alone: test_common_lifetime.py (the launcher watch),
-# test_training_preemption.py (a resume repeats the losses), test_checkpoints_safety.py (uncommitted saves)
 def test_crash_in_save_then_launcher_sigkill_then_resume_on_the_same_port_reproduces_losses(
     reference_run, prepared_dir, tmp_path
 ):

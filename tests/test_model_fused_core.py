@@ -135,7 +135,7 @@ def test_fused_from_a_carried_state_matches_float64_equations(shape, cdt):
         scale = max(1.0, b.abs().max().item())
         err_f, err_p = (a - b).abs().max().item(), (p - b).abs().max().item()
         assert err_f <= 2 * err_p + floor * scale + 1e-12, (
-            f"{cdt} {name}: fused {err_f:.3g} vs python {err_p:.3g}"
+            f"{cdt} {name}: fused {err_f:.3g} vs python {err_p:.3g} (seed {seed})"
         )
         torch.testing.assert_close(a, b, rtol=tol, atol=tol * scale, msg=lambda m, n=name: f"{cdt} {n}: {m}")
 

@@ -111,7 +111,6 @@ def assert_same_losses(got: dict[int, float], ref: dict[int, float], tol: float)
         assert got[s] == pytest.approx(ref[s], rel=tol, abs=tol), (s, got[s], ref[s])
 
 
-@pytest.mark.long  # the hostfile launch over ssh: the test below; P = 2 parity: tests/test_parallel_pipeline.py
 def test_hostfile_p2_on_two_nodes_matches_single_node_and_keeps_keys_out_of_logs(
     ssh_cluster, reference_run, prepared_dir, tmp_path
 ):

@@ -76,7 +76,9 @@ def _job_field(cluster, job: str, field: str) -> str:
     return next((t.split("=", 1)[1] for t in p.stdout.split() if t.startswith(f"{field}=")), "")
 
 
-@pytest.mark.long  # a wait on the scheduler's requeue; the signal's save and rerun: test_training_preemption.py
+# `long`: a minute of waiting on the scheduler's requeue; the signal's save and the rerun that loses nothing are
+# test_training_preemption.py's; what only this test runs is the requeue by Slurm itself
+@pytest.mark.long
 def test_usr1_saves_the_step_and_the_job_requeues_and_resumes(
     slurm_cluster, reference_run, prepared_dir, tmp_path
 ):
