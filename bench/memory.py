@@ -479,7 +479,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the first size of each work only")
     ap.add_argument("--core", default="auto", help="model.core of every model (auto: the fused CPU op)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help=f"cuda: the works the app runs on a GPU ({', '.join(CUDA_WORKS)}), on the GPU")  # fmt: skip
+                    help=f"cuda: what the app runs on a GPU ({', '.join(CUDA_WORKS)}), there")  # fmt: skip
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
@@ -512,8 +512,8 @@ def main() -> int:
 
 def _row_line(r: dict) -> str:
     pool = (
-        f", allocator's pool +{r['reserved'] / MIB:,.0f} MiB; {r['left_allocated'] / MIB:,.0f} MiB left allocated "
-        f"after it, the same work again +{r['again'] / MIB:,.0f} MiB"
+        f", allocator's pool +{r['reserved'] / MIB:,.0f} MiB; {r['left_allocated'] / MIB:,.0f} MiB left "
+        f"allocated after it, the same work again +{r['again'] / MIB:,.0f} MiB"
         if "reserved" in r
         else ""
     )

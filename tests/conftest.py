@@ -225,7 +225,8 @@ _LONG_LEFT_OUT = pytest.StashKey[int]()
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    """pytest-xdist's controller, as a worker ends: the count of `long` tests it left out (each collects all)."""
+    """pytest-xdist's controller, as a worker ends: how many `long` tests it left out (every worker collects
+    every test)."""
     n = getattr(node, "workeroutput", {}).get("long_left_out")
     if n is not None:
         node.config.stash[_LONG_LEFT_OUT] = n
