@@ -485,10 +485,10 @@ def main() -> int:
         print(json.dumps(run_child(json.loads(args.child))))
         return 0
     names = [w for w in args.only.split(",") if w] or list(SIZES)
-    if args.device == "cuda" and not _cuda_seen():
-        print("error: --device cuda: torch sees no CUDA device here", file=sys.stderr)
-        return 2
     if args.device == "cuda":
+        if not _cuda_seen():
+            print("error: --device cuda: torch sees no CUDA device here", file=sys.stderr)
+            return 2
         host = [n for n in names if n not in CUDA_WORKS]
         print(f"on cuda, not measured (the app runs them on the host): {', '.join(host) or 'none'}")
         names = [n for n in names if n in CUDA_WORKS]
@@ -496,8 +496,9 @@ def main() -> int:
     for name in names:
         for size in SIZES[name][:1] if args.quick else SIZES[name]:
             spec = {"work": name, **size, **({"core": args.core} if args.core != "auto" else {})}
+            spec |= {"device": "cuda"} if args.device == "cuda" else {}
             try:
-                rows.append(measure({**spec, **({"device": "cuda"} if args.device == "cuda" else {})}))
+                rows.append(measure(spec))
             except (RuntimeError, subprocess.TimeoutExpired) as e:  # said and counted, the other rows go on
                 failed.append({**spec, "error": str(e).strip().splitlines()[-1][:300]})
                 print(f"{name}: failed: {failed[-1]['error']}", flush=True)
