@@ -47,6 +47,9 @@ def _one_thread_per_worker() -> None:
     in the suite, and 53 s of CPU against 14 s with one thread beside two busy loops (docs/development.md)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is not None:
         torch.set_num_threads(1)
+        # and every process a test starts (an entry point, data prep, Triton's interpreter): those not started
+        # through tests/launcher.py took torch's default of one thread per core, and spun beside the workers
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _one_thread_per_worker()

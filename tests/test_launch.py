@@ -24,9 +24,11 @@ def test_single_node_dry_run_uses_env():
 def test_multi_node_dry_run_reads_hostfile(tmp_path):
     hf = tmp_path / "hosts"
     hf.write_text("# comment\nnodeA slots=8\nnodeB slots=8\n")
-    out = dry("train_multi_node.sh", HOSTFILE=str(hf), DS_LOG_LEVEL="warning", DS_ACCELERATOR="cpu")
+    out = dry("train_multi_node.sh", HOSTFILE=str(hf), DS_LOG_LEVEL="warning", DS_ACCELERATOR="cpu",
+              MLSTM_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
     assert f"--hostfile {hf}" in out and "--master_addr nodeA" in out
     assert out.startswith("deepspeed --log_level warning ") and "# forwarded: DS_ACCELERATOR" in out
+    assert "# forwarded: MLSTM_CACHE_DIR" in out  # the matmul peak and GPU rankings: one folder on every node
 
 
 def test_multi_node_missing_hostfile_is_one_line(tmp_path):

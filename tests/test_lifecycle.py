@@ -93,7 +93,7 @@ def test_crash_in_save_then_launcher_sigkill_then_resume_on_the_same_port_reprod
     assert (ck / "latest").read_text() == "step_00000004"
     assert (ck / "step_00000006").is_dir() and not (ck / "step_00000006" / "COMPLETE").exists()
     # 2. rerun: resumes from 4; SIGKILL of the runner alone once step 7 is logged
-    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, *common))
+    cmd = deepspeed_cmd(2, "app/train.py", train_args(prepared_dir, out, *common), runner=True)
     port, grace = _PORTS[-1], 8
     log = tmp_path / "launch2.log"
     p = subprocess.Popen([*cmd, "--dist-timeout-s", str(grace)], cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after=7"),

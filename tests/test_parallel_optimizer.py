@@ -28,6 +28,17 @@ def test_cpu_runs_and_offload_are_left_alone():
     assert choose_adam(cfg, "cuda", True)[1] == "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
 
 
+def test_a_cpu_config_asking_for_torch_adam_is_named_as_torch_adamw():
+    """ds_configs/cpu_*.json set torch_adam: DeepSpeed builds torch.optim.AdamW there, and the line says so
+    (it said DeepSpeed's FusedAdam)."""
+    for name in ("ds_configs/cpu_pp2_zero1.json", "ds_configs/cpu_zero2.json"):
+        cfg = load_ds_json(name)
+        assert choose_adam(cfg, "cpu", False, build=_no_build) == (
+            cfg,
+            "optimizer: torch.optim.AdamW (torch_adam set in the DeepSpeed config)",
+        ), name
+
+
 def test_cuda_default_is_torch_fused_adamw_and_builds_nothing(monkeypatch, tmp_path):
     """The image that crashed: nvcc on PATH and TORCH_CUDA_ARCH_LIST=9.0a (DeepSpeed cannot parse the 'a')."""
     nvcc = shutil.which("nvcc")

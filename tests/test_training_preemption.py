@@ -36,7 +36,7 @@ def test_signals_save_the_step_reached_and_a_rerun_loses_nothing(reference_run, 
     args = train_args(prepared_dir, out, "--max-steps", REF_STEPS, *REF_ARGS, "--wandb-mode", "disabled")
     # 1. SIGTERM to the runner only: launch.py and the ranks are its descendants and get no signal from it
     log = tmp_path / "launch1.log"
-    p = subprocess.Popen(deepspeed_cmd(2, "app/train.py", args), cwd=ROOT, env=env(MLSTM_DS_FAULTS="await_signal_after=2"),
+    p = subprocess.Popen(deepspeed_cmd(2, "app/train.py", args, runner=True), cwd=ROOT, env=env(MLSTM_DS_FAULTS="await_signal_after=2"),
                          stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)  # fmt: skip
     try:
         wait_until(lambda: 2 in train_losses(out) and len(rank_pids(out)) == 2, 240, "step 2", p)

@@ -12,8 +12,9 @@ without nvcc, and fails on common images with nvcc: DeepSpeed cannot parse an ar
   config, and a failed build falls back to torch's fused AdamW with one line saying why (all ranks agree);
 - `torch_adam: true` is kept; `fused: true` is added unless the JSON sets `fused` or `foreach`.
 
-Every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs (DeepSpeed's CPU FusedAdam, built with
-the C++ compiler the fused core already needs) are left alone.
+Every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs are left alone: on the CPU DeepSpeed
+builds torch's AdamW where the JSON sets `torch_adam: true` (ds_configs/cpu_*.json), else its CPU FusedAdam (built
+with the C++ compiler the fused core already needs); the line says which.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def choose_adam(
     if offload:
         return ds_config, "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
     if device_type != "cuda":
+        if params.get("torch_adam") is True:  # DeepSpeed builds torch's AdamW/Adam as the JSON sets it
+            return ds_config, f"optimizer: {torch_name} (torch_adam set in the DeepSpeed config)"
         return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}, its CPU build)"
     if params.get("torch_adam") is True:
         out = _torch_fused(ds_config)
