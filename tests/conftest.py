@@ -135,7 +135,7 @@ def reference_run(prepared_dir, tmp_path_factory):
             2, prepared_dir, out, "--max-steps", REF_STEPS, "--save-every", "3", "--keep-last", "2",
             "--eval-every", "4", "--wandb-mode", "offline", "--plots", "true",
             extra_env={"WANDB_API_KEY": FAKE_WANDB_KEY},
-            script="app.train", progress=True,
+            script="app.train", progress=True, runner=True,
         )  # fmt: skip
         return {
             "args": [str(a) for a in p.args],

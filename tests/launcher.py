@@ -127,9 +127,10 @@ def train(
     check: bool = True,
     script: str = "app/train.py",
     progress: bool = False,
+    runner: bool = False,
 ) -> subprocess.CompletedProcess:
     args = train_args(data, out, *extra, stages=stages, config=config, progress=progress)
-    p = run(deepspeed_cmd(nprocs, script, args), extra_env)
+    p = run(deepspeed_cmd(nprocs, script, args, runner=runner), extra_env)
     if check and p.returncode != 0:
         raise AssertionError(f"training failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return p
