@@ -89,6 +89,10 @@ def run_child(spec: dict) -> dict:
         steady_heap()  # glibc's default (a step's tensors reused from its heap, not faulted in anew)
     torch.manual_seed(0)
     torch.set_num_threads(int(spec.get("threads", 1)))
+    if _device(spec) != "cpu":
+        from app.common.logs import setup_logging
+
+        setup_logging()  # the GPU core's choice per shape on stderr: its tuner's buffers are in the growth
     estimate, warm, work = WORKS[spec["work"]](spec)
     warm()
     cuda = _device(spec) != "cpu"
@@ -124,6 +128,9 @@ def measure(spec: dict, timeout: float = 600) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"{spec}: the child failed ({p.returncode}):\n{p.stderr[-4000:]}")
     got = json.loads(p.stdout.strip().splitlines()[-1])
+    tuner = [ln.split(" INFO ", 1)[-1] for ln in p.stderr.splitlines() if "mLSTM core on cuda" in ln]
+    if tuner:  # the loops the GPU core timed at each new shape: each one's time, or why it was left out
+        got["tuner"] = tuner
     return {**spec, **got, "ratio": round(got["estimate"] / max(1, got["measured"]), 3)}
 
 
