@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.parallel import lazy_dynamo
 from data_prep.cli import main as prep_main
 
 
@@ -49,7 +50,7 @@ def _one_thread_per_worker() -> None:
         torch.set_num_threads(1)
         # and every process a test starts (an entry point, data prep, Triton's interpreter): those not started
         # through tests/launcher.py took torch's default of one thread per core, and spun beside the workers
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ["OMP_NUM_THREADS"] = "1"
 
 
 _one_thread_per_worker()
@@ -103,6 +104,7 @@ def _environment_restored():
     yield
     os.environ.clear()
     os.environ.update(saved)
+    lazy_dynamo.restore()  # an in-process fine-tuning or engine deferred TorchDynamo's import: not for the next test
 
 
 @pytest.fixture(scope="session", autouse=True)

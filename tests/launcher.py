@@ -1,7 +1,9 @@
-"""Run app entry points the way users do: the real `deepspeed` launcher, real processes, CPU + gloo."""
+"""Run app entry points the way users do: DeepSpeed's real launcher (its per-node `launch.py`, or the `deepspeed`
+runner where that is the subject), real processes, CPU + gloo."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -67,9 +69,8 @@ def deepspeed_cmd(nprocs: int, script: str, args: list[str], runner: bool = Fals
     if runner:
         return [str(BIN / "deepspeed"), "--log_level", "error", "--num_gpus", str(nprocs),
                 "--master_port", str(_PORTS[-1]), *target, *args]  # fmt: skip
-    from deepspeed.launcher.runner import encode_world_info
-
-    world = encode_world_info({"localhost": list(range(nprocs))})
+    # the runner's --world_info: its hosts and slots as JSON in URL-safe base64 (deepspeed.launcher.runner)
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(nprocs))}).encode()).decode()
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
             "--master_addr=127.0.0.1", f"--master_port={_PORTS[-1]}", "--log_level=error", *target, *args]  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Ranks never outlive their job: a stalled peer, a crash in a save and a killed launcher, a full disk.
 
-Real `deepspeed` launches (CPU, gloo) with the reference run's settings (tests/conftest.py).
+Real DeepSpeed launches (CPU, gloo) with the reference run's settings (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -47,28 +47,36 @@ def _run(code: str, *args: str) -> dict:
 def test_adamw_steps_to_the_same_bits_without_importing_dynamo_and_compile_gets_the_real_one():
     """The installed torch's AdamW reaches TorchDynamo only through the two calls the stand-in answers (if a
     torch release asks for more, the real module is imported and this fails: the start-up saving is gone).
-    Then torch.compile: the real module replaces the stand-in (sys.modules and torch._dynamo) and the compiled
-    function runs; a submodule import and an attribute read go to the real module too. Where AdamW has
-    imported the real module (no stand-in), it is left in place."""
+    Then a submodule imported first (as FX's symbolic shapes and DeepSpeed's compiler do) is the one Dynamo's
+    own modules hold, loaded once; torch.compile runs; the stand-in's methods, held from before, answer as the
+    real module's. Where AdamW has imported the real module (no stand-in), it is left in place."""
     seed = str(random.randrange(1 << 30))
     plain = _run(_ADAMW + _PLAIN, "plain", seed)
-    deferred = _run(_ADAMW + _COMPILE, "defer", seed)
-    assert plain["real"] and not plain["stand_in"] and plain["again"] == [False, False], plain
-    assert deferred["put"] and deferred["stand_in"] and not deferred["real"], deferred
-    assert deferred["params"] == plain["params"]  # the same update, bit for bit
-    assert deferred["compiled"] == {"y": [3.0, 3.0, 3.0], "stand_in": False, "same": True, "config": True}
+    deferred = _run(_ADAMW + _AFTER, "defer", seed)
+    assert plain["real"] and not plain["stand_in"] and plain["again"] == [False, False], (seed, plain)
+    assert deferred["put"] and deferred["stand_in"] and not deferred["real"], (seed, deferred)
+    assert deferred["params"] == plain["params"], seed  # the same update, bit for bit
+    assert deferred["after"] == {
+        "config_once": True, "y": [3.0, 3.0, 3.0], "stand_in": False, "same": True, "held_disable": True,
+        "dunder": [False, True],
+    }, deferred["after"]  # fmt: skip
 
 
 _PLAIN = """
 report["again"] = [lazy_dynamo.defer_dynamo_import(), lazy_dynamo.deferred()]
 print(json.dumps(report))
 """
-_COMPILE = """
+_AFTER = """
+stand_in = sys.modules["torch._dynamo"]
+dunder = [hasattr(stand_in, "__file__"), lazy_dynamo.deferred()]  # inspect's probe: no import
+import torch._dynamo.config as c
+once = c is sys.modules["torch._dynamo.eval_frame"].config is sys.modules["torch._dynamo.convert_frame"].config
 f = torch.compile(lambda x: x * 2 + 1, backend="eager")
 y = f(torch.ones(3)).tolist()
-import torch._dynamo.config
 real = sys.modules["torch._dynamo"]
-report["compiled"] = {"y": y, "stand_in": lazy_dynamo.deferred(), "config": hasattr(real, "config"),
-                      "same": real is torch._dynamo is lazy_dynamo.real_dynamo()}
+held = stand_in.disable(len)
+report["after"] = {"config_once": once and c is real.config, "y": y, "stand_in": lazy_dynamo.deferred(),
+                   "same": real is torch._dynamo is lazy_dynamo.real_dynamo(), "dunder": dunder,
+                   "held_disable": held is not len and held([1, 2]) == 2}
 print(json.dumps(report))
 """

@@ -37,6 +37,11 @@ def test_a_cpu_config_asking_for_torch_adam_is_named_as_torch_adamw():
             cfg,
             "optimizer: torch.optim.AdamW (torch_adam set in the DeepSpeed config)",
         ), name
+    offloaded = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    assert choose_adam(offloaded, "cuda", True, build=_no_build) == (
+        offloaded,
+        "optimizer: torch.optim.AdamW (torch_adam set in the DeepSpeed config; ZeRO CPU offload)",
+    )
 
 
 def test_cuda_default_is_torch_fused_adamw_and_builds_nothing(monkeypatch, tmp_path):
