@@ -7,7 +7,7 @@ import torch
 
 from app.model.config import PRESETS, ModelConfig, debug_config, flops_per_token
 from app.model.core import mlstm_sequence
-from app.model.layers import RecurrentLayer
+from app.model.layers import Head, RecurrentLayer
 from app.model.lm import LanguageModel
 from app.model.loss import IGNORE_INDEX, loss_scale, token_loss
 from app.model.reference import naive_mlstm
@@ -286,7 +286,8 @@ def test_every_preset_builds_and_runs(preset):
 def test_a_model_built_on_the_meta_device_imports_no_dynamo_and_draws_what_it_drew(tied):
     """Evaluate, generate, classify and export build the model on the meta device to take saved weights: no
     init op may reach torch's Python meta kernels (`mul`, `norm`), which import torch._dynamo (~2 s a
-    process). On the CPU the draws are those of `randn * std` and `norm(dim=1)`."""
+    process), nor its Python `randn`, which imports sympy through FX's symbolic shapes (0.7 s). On the CPU
+    the draws are those of `randn * std` and `norm(dim=1)`."""
     import subprocess
     import sys
 
@@ -297,16 +298,21 @@ def test_a_model_built_on_the_meta_device_imports_no_dynamo_and_draws_what_it_dr
         f"cfg = debug_config(vocab_size=300, tie_embeddings={tied}, embed_dim=64, weight_norm=True)\n"
         "with torch.device('meta'):\n"
         "    LanguageModel(cfg)\n"
-        "print('torch._dynamo' in sys.modules)\n"
+        "print('torch._dynamo' in sys.modules, 'torch.fx.experimental.symbolic_shapes' in sys.modules)\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.split() == ["False"], (p.stdout, p.stderr[-2000:])
+    assert p.returncode == 0 and p.stdout.split() == ["False", "False"], (p.stdout, p.stderr[-2000:])
     cfg = debug_config(vocab_size=300, tie_embeddings=tied, embed_dim=64, weight_norm=True)
     torch.manual_seed(7)
     model = LanguageModel(cfg)
     torch.manual_seed(7)
     first = torch.randn(cfg.vocab_size, cfg.embed_dim) * cfg.embed_init_std
     assert torch.equal(model.state_dict()["0.weight"], first)
+    if not tied:  # the head: the last draw of the model (its bias is zeros)
+        torch.manual_seed(11)
+        head = Head(cfg).weight
+        torch.manual_seed(11)
+        assert torch.equal(head, torch.randn(cfg.vocab_size, cfg.hidden_dim) * cfg.embed_init_std)
     for name, p in model.named_parameters():
         if name.endswith("gain_in"):
             assert torch.equal(

@@ -33,7 +33,8 @@ Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # effective (w_in, w_
 
 # A model built on the meta device (to take a checkpoint's weights: evaluate, generate, classify, export)
 # must not reach torch's Python meta kernels of `mul` or `norm`: they import torch._dynamo, ~2 s of every such
-# process. Hence `mul_` on a fresh draw (the same values as `*`) and _row_norms.
+# process; nor its Python `randn` (`normal_` too), which imports sympy through FX's symbolic shapes, 0.7 s.
+# Hence `mul_` on a fresh draw (the same values as `*`), _normal and _row_norms.
 
 
 def _row_norms(w: torch.Tensor) -> torch.Tensor:
@@ -41,12 +42,19 @@ def _row_norms(w: torch.Tensor) -> torch.Tensor:
     return torch.empty(w.shape[0]) if w.is_meta else w.detach().norm(dim=1)
 
 
+def _normal(rows: int, cols: int, std: float) -> torch.Tensor:
+    """(rows, cols) draws from N(0, std^2) on the default device; on the meta device only the shape."""
+    if torch.get_default_device().type == "meta":
+        return torch.empty(rows, cols)
+    return torch.randn(rows, cols).mul_(std)
+
+
 class Embedding(nn.Module):
     """Token embedding. Parameters: `weight` (V, E). Also serves as the tied output head (`logits`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim).mul_(cfg.embed_init_std))
+        self.weight = nn.Parameter(_normal(cfg.vocab_size, cfg.embed_dim, cfg.embed_init_std))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)  # (B, T, E)
@@ -66,7 +74,7 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_dim).mul_(cfg.embed_init_std))
+        self.weight = nn.Parameter(_normal(cfg.vocab_size, cfg.hidden_dim, cfg.embed_init_std))
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
