@@ -89,13 +89,13 @@ def run_child(spec: dict) -> dict:
         steady_heap()  # glibc's default (a step's tensors reused from its heap, not faulted in anew)
     torch.manual_seed(0)
     torch.set_num_threads(int(spec.get("threads", 1)))
-    if _device(spec) != "cpu":
+    cuda = _device(spec) != "cpu"
+    if cuda:
         from app.common.logs import setup_logging
 
         setup_logging()  # the GPU core's choice per shape on stderr: its tuner's buffers are in the growth
     estimate, warm, work = WORKS[spec["work"]](spec)
     warm()
-    cuda = _device(spec) != "cpu"
     base, reserved = _cuda_settle() if cuda else (_settle(), 0)
     t0 = time.perf_counter()
     work()

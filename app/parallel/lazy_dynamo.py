@@ -101,12 +101,7 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder):
 def real_dynamo() -> types.ModuleType:
     """The real `torch._dynamo`, imported now if the stand-in is in its place."""
     with _LOCK:
-        module = sys.modules.get(NAME)
-        if isinstance(module, _StandIn):
-            del sys.modules[NAME]
-            torch = sys.modules["torch"]
-            if torch.__dict__.get("_dynamo") is module:
-                del torch.__dict__["_dynamo"]
+        restore()
         return importlib.import_module(NAME)
 
 
@@ -133,8 +128,12 @@ def defer_dynamo_import() -> bool:
 
 
 def restore() -> None:
-    """Take the stand-in away (the real module is imported when next asked for): for a process that runs other
-    code after its training, the test suite's workers."""
+    """Take the stand-in away (the real module is imported when next asked for): for `real_dynamo`, and for a
+    process that runs other code after its training (the test suite's workers)."""
     with _LOCK:
-        if deferred():
+        module = sys.modules.get(NAME)
+        if isinstance(module, _StandIn):
             del sys.modules[NAME]
+            torch = sys.modules["torch"]
+            if torch.__dict__.get("_dynamo") is module:
+                del torch.__dict__["_dynamo"]

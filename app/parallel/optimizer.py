@@ -70,16 +70,13 @@ def choose_adam(
     params = opt.get("params", {})
     adamw = kind == "adamw" or params.get("adam_w_mode", True)  # DeepSpeed's rule
     torch_name = f"torch.optim.{'AdamW' if adamw else 'Adam'}"
-    if offload:  # DeepSpeed builds torch's Adam where the JSON sets torch_adam, offload or not
+    # offload and the CPU: left alone (DeepSpeed builds torch's Adam wherever the JSON sets torch_adam)
+    if offload or device_type != "cuda":
+        where = "; ZeRO CPU offload" if offload else ""
         if params.get("torch_adam") is True:
-            return (
-                ds_config,
-                f"optimizer: {torch_name} (torch_adam set in the DeepSpeed config; ZeRO CPU offload)",
-            )
-        return ds_config, "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
-    if device_type != "cuda":
-        if params.get("torch_adam") is True:  # DeepSpeed builds torch's AdamW/Adam as the JSON sets it
-            return ds_config, f"optimizer: {torch_name} (torch_adam set in the DeepSpeed config)"
+            return ds_config, f"optimizer: {torch_name} (torch_adam set in the DeepSpeed config{where})"
+        if offload:
+            return ds_config, "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
         return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}, its CPU build)"
     if params.get("torch_adam") is True:
         out = _torch_fused(ds_config)
