@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -120,3 +121,23 @@ def test_more_pipeline_stages_than_layer_specs_is_one_line(prepared_dir):
         "1 recurrent layer, head): use --pipeline-stages 3 or fewer, or model.num_layers=2 or more"
     )
     assert plan([*argv, "--model-config", "debug"], world=4).layout.stages == 4  # 4 specs: one a stage
+
+
+def test_the_resolve_step_caps_in_one_place_and_freezes_what_it_makes(prepared_dir):
+    """Every cap (the waits, the counts the data can use) in plan_run, each in one line, and the config it
+    makes frozen: the train loop reads it, never writes it. The config given is left as given."""
+    argv = ["--deepspeed_config", DS, "--data", str(prepared_dir), "--pipeline-stages", "2", "--model-config",
+            "debug", "--dist-timeout-s", "1e15", "--eval-max-batches", "1000"]  # fmt: skip
+    args = parse_args(argv)
+    warned: list[str] = []
+    p = plan_run(args.cfg, args.deepspeed, *open_inputs(args.cfg, args.model_overrides), 2, warned.append)
+    batches = p.data.schedule("validation").steps_per_epoch
+    assert (p.cfg.dist_timeout_s, p.cfg.eval_max_batches) == (86400.0, batches)
+    assert warned[0].startswith("--dist-timeout-s 1000000000000000.0 capped at 86400.0: ")
+    assert warned[1].startswith(f"--eval-max-batches 1000 capped at {batches}: ")
+    assert (args.cfg.dist_timeout_s, args.cfg.eval_max_batches) == (1e15, 1000)
+    assert (p.cfg.warmup_steps, p.cfg.eval_every, p.cfg.save_every) == (100, 200, 500)  # the step defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cfg.eval_every = 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cfg = args.cfg

@@ -37,13 +37,12 @@ class Engine:
         *,
         seed: int,
         partition_method: str,
-        lr_lambda: Callable[[int], float] | None = None,
         inference: bool = False,
         layer_costs: list[float] | None = None,
         timing_shape: tuple[int, int] | None = None,
         init_weights: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
-        """`lr_lambda(step)` multiplies the optimizer's lr (constant when None).
+        """The optimizer's lr is the DeepSpeed config's peak until `set_lr_scale` sets a step's share of it.
         `inference=True`: no optimizer or scheduler (evaluation only; `train_step` is unavailable).
 
         P > 1: `layer_costs` (recorded by an earlier run) fix the split; else `partition_method` decides,
@@ -80,7 +79,6 @@ class Engine:
         if inference:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:
-            lr_fn = lr_lambda or (lambda _: 1.0)
             offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device")
             ds_config, why = choose_adam(
                 ds_config, get_accelerator().device_name(), offload in ("cpu", "nvme"), agree=_all_ranks
@@ -91,7 +89,9 @@ class Engine:
                 model=module,
                 model_parameters=[p for p in module.parameters() if p.requires_grad],
                 config=ds_config,
-                lr_scheduler=lambda opt: LambdaLR(opt, lr_fn),
+                # a constant scheduler: it holds the peak lr (its base_lrs), which a checkpoint keeps and a resume
+                # restores; each step's lr is set by `set_lr_scale`
+                lr_scheduler=lambda opt: LambdaLR(opt, _peak),
             )
         if self.is_pipe:
             self.dp_rank = self.ds.grid.get_data_parallel_rank()
@@ -161,11 +161,20 @@ class Engine:
         return float(self.ds.get_lr()[0])
 
     def set_lr_scale(self, multiplier: float) -> None:
-        """Set the next step's lr to the DS config's peak x `multiplier` in every parameter group (a
-        time-budgeted run's schedule follows the clock, which the step-indexed scheduler cannot know)."""
+        """Set the next step's lr to the peak x `multiplier` in every parameter group (the training run's one
+        lr source: app/training/run_length.py)."""
         sched = self.ds.lr_scheduler
         for group, peak in zip(sched.optimizer.param_groups, sched.base_lrs, strict=True):
             group["lr"] = peak * multiplier
+
+    def updates_applied(self) -> int:
+        """Optimizer updates applied so far: steps taken less those skipped for a non-finite gradient. A
+        checkpoint keeps both counters (DeepSpeed's own), so a resume continues the count."""
+        return int(self.ds.global_steps - self.ds.skipped_steps)
+
+
+def _peak(step: int) -> float:
+    return 1.0
 
 
 def _all_ranks(ok: bool) -> bool:

@@ -1,6 +1,8 @@
 """What a training run's flags may ask of the machine (app.common.resources' rule): a count larger than the
 data can use is capped in one line, and a model, micro-batch or samples whose memory is more than the
-machine has free is refused in one line, before anything of that size exists.
+machine has free is refused in one line, before anything of that size exists. The caps are rules that
+return the value in force; the run's resolve step (app.training.plan's `plan_run`) applies them all and
+freezes the config it makes of them.
 
 Capped (each in one line naming the flag, or the DeepSpeed key that set the value, the value and the cap):
 - the micro-batch, at the largest split's examples: a micro-batch holds one bucket's sequences, never more;
@@ -43,12 +45,11 @@ Say = Callable[[str], None] | None
 MAX_DIST_TIMEOUT_S = 86400.0  # a peer silent for a day has died or hung: no collective waits longer
 
 
-def cap_timeout(cfg: TrainConfig, say: Say) -> TrainConfig:
+def cap_timeout(seconds: float, say: Say) -> float:
     """--dist-timeout-s at a day (a longer wait is a hang no one is watching; torch's timedelta also
     overflows near 10^14 s)."""
     why = "a peer silent for a day has died or hung; no collective waits longer"
-    timeout = cap("--dist-timeout-s", cfg.dist_timeout_s, [(MAX_DIST_TIMEOUT_S, why)], say)
-    return dataclasses.replace(cfg, dist_timeout_s=float(timeout))
+    return float(cap("--dist-timeout-s", seconds, [(MAX_DIST_TIMEOUT_S, why)], say))
 
 
 def split_counts(data: RunData, test_eval: bool) -> dict[str, np.ndarray]:
@@ -116,19 +117,18 @@ def _cap_accum(cfg: TrainConfig, layout: Layout, micro: int, n_micro: int, ds_js
     return accum
 
 
-def cap_eval_batches(cfg: TrainConfig, batches: int, say: Say, note: Say = None) -> TrainConfig:
+def cap_eval_batches(cfg: TrainConfig, batches: int, say: Say, note: Say = None) -> dict[str, int]:
     """--eval-max-batches and --sanity-eval-batches at the validation split's `batches` (0 stays 0); a line
     through `say`, or through `note` for a default (the sanity evaluation's 2 on a split of one batch)."""
     why = f"the validation split has {batches:,} batch(es)"
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    capped = {
+    return {
         name: cap(
             f"--{name.replace('_', '-')}", value, [(batches, why)], note if value == defaults[name] else say
         )
         for name in ("eval_max_batches", "sanity_eval_batches")
         for value in [getattr(cfg, name)]
     }
-    return dataclasses.replace(cfg, **capped)
 
 
 def largest_micro_batch(

@@ -20,8 +20,11 @@ SamplesAt = Literal["validation", "end"]
 WANDB_ARTIFACTS = typing.get_args(WandbArtifacts)
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class TrainConfig:
+    """A run's settings; frozen: the resolve step (app.training.plan's `plan_run`) makes the one in force, with
+    every cap applied and the step counts filled in, and nothing changes it afterwards."""
+
     data: str = ""
     """Required: the directory written by `python -m data_prep` (holds meta.json and the train/validation/test
     splits)."""

@@ -67,10 +67,10 @@ class StepLogger:
         log_every: int,
         progress: bool,
         initial_step: int,
-        schedule_line: Callable[[float], str] | None = None,
+        schedule_line: Callable[[float], str | None] | None = None,
     ) -> None:
-        """`schedule_line(seconds a step)`: the run's schedule, logged once the first steps are timed (a
-        budgeted run's is said by its TimeBudget, which decides it)."""
+        """`schedule_line(seconds a step)`: the run's schedule, logged once the first steps are timed (None: a
+        budgeted run's, said by its length as it decides it: app/training/run_length.py)."""
         self.tracker, self.log = tracker, log
         self.schedule_line, self.first_steps = schedule_line, []
         self.flops_tok, self.peak_all = flops_per_token, peak_flops  # the whole world's (peak_flops.py)
@@ -110,7 +110,8 @@ class StepLogger:
         if self.schedule_line is not None:
             self.first_steps.append(s.seconds)
             if len(self.first_steps) == MEASURE_STEPS:
-                self.log.info(self.schedule_line(statistics.median(self.first_steps)))
+                if (line := self.schedule_line(statistics.median(self.first_steps))) is not None:
+                    self.log.info(line)
                 self.schedule_line = None
         if self.bar is not None:
             self.bar.update(1)

@@ -1,9 +1,11 @@
-"""What a training run will do, decided from its configs and a world size alone.
+"""What a training run will do, decided from its configs and a world size alone: the run's one resolve step.
 
 The app's lr, batch and precision settings are written into the DeepSpeed config here (the one dict
-DeepSpeed gets), the batch identity and ZeRO/pipeline limits are checked on the result, and the
-TrainConfig is filled in with the values in force, so the resolved config records them whichever side
-set them. No process group, no global state: `--dry-run` and the tests plan any world in one process.
+DeepSpeed gets), the batch identity and ZeRO/pipeline limits are checked on the result, every count is
+capped at what the data can use (app.training.bounds), the run's length is chosen (app.training.run_length),
+and the TrainConfig is made once with the values in force, frozen: the resolved config records them
+whichever side set them, and nothing changes it afterwards. No process group, no global state: `--dry-run`
+and the tests plan any world in one process.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from app.parallel.layout import (
     optimizer_lr,
     resolve_layout,
 )
-from app.training import bounds, run_schedule
+from app.training import bounds, run_length
 from app.training.config import TrainConfig
+from app.training.run_length import RunLength
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RunPlan:
-    cfg: TrainConfig  # lr, batch and precision as in force
+    cfg: TrainConfig  # lr, batch, precision, caps and step counts as in force (frozen)
     model_cfg: ModelConfig
     ds_json: dict  # the DeepSpeed config with the app's settings written in
     ds_source: str  # how errors name it
@@ -43,7 +46,12 @@ class RunPlan:
     data: RunData
     world: int
     steps_per_epoch: int
-    total_steps: int | None  # None: only the --time-budget clock stops the run
+    length: RunLength  # when the run stops, its lr, where it validates and saves
+
+    @property
+    def total_steps(self) -> int | None:
+        """None: only the --time-budget clock stops the run."""
+        return self.length.total_steps
 
     def resolved(self, threads: int) -> dict:
         """The run's resolved config (config.json, checkpoints, W&B); `--config` reads it back."""
@@ -57,9 +65,7 @@ class RunPlan:
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,
             # a step-count run's schedule; a budgeted one's is decided after its first steps (checkpoints)
-            "schedule": None
-            if self.cfg.time_budget
-            else run_schedule.for_steps(run_schedule.given(self.cfg)).as_dict(),
+            "schedule": self.length.recorded_schedule(),
             "world_size": self.world,
             "threads_per_process": threads,
         }
@@ -72,9 +78,7 @@ class RunPlan:
     def describe(self, threads: int) -> str:
         """The start-up line: the layout, the batch identity, ZeRO, precision, lr and the run's length."""
         lay, cfg = self.layout, self.cfg
-        length = f"{self.total_steps} steps" if self.total_steps else "no step limit"
-        if cfg.time_budget:
-            length = f"time budget {cfg.time_budget:g} min, {length}"
+        length = self.length.describe()
         return (
             f"world {self.world} = {lay.stages} stages x {lay.data_parallel} data-parallel | "
             f"batch {lay.train_batch} = micro {lay.micro_batch} x accum {lay.grad_accum} x dp "
@@ -110,8 +114,38 @@ def plan_run(
     say: Callable[[str], None] | None = None,
     note: Callable[[str], None] | None = None,
 ) -> RunPlan:
-    """The run's plan; batch settings larger than the data can fill are capped (app.training.bounds), each
-    in one line through `say` (rank 0's warnings; `note`, its info lines, for a default)."""
+    """The run's one resolve step -> its plan, the config frozen as in force. Settings larger than the data
+    can fill and waits past a day are capped (app.training.bounds), each in one line through `say` (rank 0's
+    warnings; `note`, its info lines, for a default)."""
+    timeout = bounds.cap_timeout(cfg.dist_timeout_s, say)
+    ds_json, src, layout = _layout(cfg, ds, model_cfg, world)
+    lr = _peak_lr(ds_json, src)
+    counts = bounds.split_counts(data, cfg.test_eval)
+    layout, tpmb = bounds.cap_batches(cfg, layout, counts, data.prepared.meta["buckets"], ds_json, say)
+    data.configure(layout, cfg.seed, tpmb, cfg.carry_state)
+    evals = bounds.cap_eval_batches(cfg, data.schedule("validation").steps_per_epoch, say, note)
+    steps_per_epoch = data.schedule("train").steps_per_epoch
+    length = run_length.for_run(cfg, steps_per_epoch, lr)
+    in_force = dataclasses.replace(
+        cfg,
+        lr=lr,
+        micro_batch=layout.micro_batch,
+        grad_accum=layout.grad_accum,
+        global_batch=layout.train_batch,
+        precision=layout.precision,
+        tokens_per_micro_batch=tpmb,
+        dist_timeout_s=timeout,
+        **evals,
+        **length.counts(),  # a step count's warmup, validation and save steps (a budget's: decided later)
+    )
+    return RunPlan(in_force, model_cfg, ds_json, src, layout, data, world, steps_per_epoch, length)
+
+
+def _layout(
+    cfg: TrainConfig, ds: DeepSpeedJson, model_cfg: ModelConfig, world: int
+) -> tuple[dict, str, Layout]:
+    """The app's settings written into the DeepSpeed config, and the layout it gives on `world` ranks,
+    checked -> (the DeepSpeed config, how errors name it, the layout)."""
     settings = {
         name: getattr(cfg, name) for name in ("lr", "micro_batch", "grad_accum", "global_batch", "precision")
     }
@@ -125,29 +159,11 @@ def plan_run(
             f"{src}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for {layout.precision}; "
             f"use stage 1 (the same memory use at data_parallel 1)"
         )
+    return ds_json, src, layout
+
+
+def _peak_lr(ds_json: dict, src: str) -> float:
     lr = optimizer_lr(ds_json)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise UserError(f"{src}: optimizer.params.lr must be a positive number, got {lr!r}")
-    counts = bounds.split_counts(data, cfg.test_eval)
-    layout, tpmb = bounds.cap_batches(cfg, layout, counts, data.prepared.meta["buckets"], ds_json, say)
-    cfg = dataclasses.replace(
-        cfg,
-        lr=float(lr),
-        micro_batch=layout.micro_batch,
-        grad_accum=layout.grad_accum,
-        global_batch=layout.train_batch,
-        precision=layout.precision,
-        tokens_per_micro_batch=tpmb,
-    )
-    data.configure(layout, cfg.seed, cfg.tokens_per_micro_batch, cfg.carry_state)
-    cfg = bounds.cap_eval_batches(cfg, data.schedule("validation").steps_per_epoch, say, note)
-    steps_per_epoch = data.schedule("train").steps_per_epoch
-    total_steps: int | None = cfg.max_steps
-    if cfg.max_steps is None and (cfg.epochs or cfg.time_budget is None):
-        total_steps = max(1, math.ceil((cfg.epochs or 1.0) * steps_per_epoch))
-    if (
-        not cfg.time_budget
-    ):  # the step counts in force (a budget's are decided once its first steps are timed)
-        counts = run_schedule.for_steps(run_schedule.given(cfg)).as_dict()
-        cfg = dataclasses.replace(cfg, **{k: counts[k] for k in run_schedule.FIELDS})
-    return RunPlan(cfg, model_cfg, ds_json, src, layout, data, world, steps_per_epoch, total_steps)
+    return float(lr)

@@ -1,13 +1,12 @@
 """A run's set-up before its first step, in the order `Trainer.setup` calls it: the checkpoint it resumes
 (checked before any of its weights are read), the engine in the stage split that checkpoint fixes, the
-weights and state it resumes with, the --time-budget clock and the trackers (rank 0).
+weights and state it resumes with, and the trackers (rank 0).
 
 Each function takes what it needs and returns what it built; `info` is rank 0's log line.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 from collections.abc import Callable
@@ -27,15 +26,12 @@ from app.model.config import ModelConfig, flops_per_token
 from app.model.layers import RecurrentLayer
 from app.parallel.engine import Engine
 from app.parallel.layout import Layout, engine_config
-from app.training import carry_state, run_schedule
+from app.training import carry_state
 from app.training.config import TrainConfig
 from app.training.metrics import StepLogger
 from app.training.peak_flops import world_peak
 from app.training.plan import RunPlan
-from app.training.run_schedule import Schedule
-from app.training.schedule import lr_multiplier
 from app.training.state import TrainState
-from app.training.time_budget import TimeBudget
 from app.training.tracking import Tracker, recorded_run_id, resolve_wandb_mode
 
 Info = Callable[[str], None]
@@ -78,21 +74,12 @@ def build_engine(
     init_weights: Callable[[torch.nn.Module], None] | None,
 ) -> Engine:
     """The DeepSpeed engine: stages split by `recorded_costs` (a checkpoint's) or by timing the layers on a
-    typical micro-batch, the lr schedule (none under --time-budget: the clock sets the lr before every step,
-    Engine.set_lr_scale), `init_weights` loaded into each rank's part before DeepSpeed starts."""
+    typical micro-batch, `init_weights` loaded into each rank's part before DeepSpeed starts. Its lr is set
+    before every step from the run's length (app/training/run_length.py)."""
     cfg, layout = plan.cfg, plan.layout
     lengths = plan.data.store("train").lengths
     timing_len = max(8, int(np.median(lengths)))
     timing_batch = cfg.tokens_per_micro_batch // timing_len or layout.micro_batch
-    lr_lambda = None
-    if not cfg.time_budget:
-        lr_lambda = functools.partial(
-            lr_multiplier,
-            warmup=cfg.warmup_steps,
-            total=plan.total_steps,
-            decay=cfg.lr_decay,
-            min_ratio=cfg.min_lr_ratio,
-        )
     ds_config = engine_config(plan.ds_json, layout)
     if load_universal:
         ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
@@ -102,7 +89,6 @@ def build_engine(
         ds_config,
         seed=cfg.seed,
         partition_method=cfg.partition_method,
-        lr_lambda=lr_lambda,
         layer_costs=recorded_costs,
         timing_shape=(max(1, timing_batch), timing_len),
         init_weights=init_weights,
@@ -169,43 +155,6 @@ def resume_from(
     return state
 
 
-def time_budget_for(
-    cfg: TrainConfig, data: RunData, params: int, state: TrainState, total_steps: int | None, info: Info
-) -> TimeBudget:
-    """--time-budget: the estimates the stop rule starts from (the evaluations' sizes, the parameter count),
-    the budget a resumed run has left and the schedule it recorded (the counts given on top)."""
-    tokens = {s: int(np.sum(data.store(s).lengths)) for s in ("validation", "test")}
-    val_batches = data.schedule("validation").steps_per_epoch
-    capped = min(1.0, cfg.eval_max_batches / max(1, val_batches)) if cfg.eval_max_batches else 1.0
-    budget = TimeBudget(
-        cfg.time_budget * 60.0,
-        decay_from=state.decay_from,
-        final_eval_tokens=tokens["validation"] + (tokens["test"] if cfg.test_eval else 0),
-        periodic_eval_tokens=int(capped * tokens["validation"]),
-        params=params,
-        given=run_schedule.given(cfg),
-        schedule=_recorded_schedule(state, run_schedule.given(cfg)),
-        decay=cfg.lr_decay,
-        min_ratio=cfg.min_lr_ratio,
-        max_steps=total_steps,
-    )
-    left = budget.budget_s - state.train_seconds
-    info(
-        f"time budget {cfg.time_budget:g} min ({left:.0f} s left): the lr decays over the training time, "
-        f"which ends in time for the final evaluation and save (not step-reproducible)"
-    )
-    return budget
-
-
-def _recorded_schedule(state: TrainState, given: dict[str, int]) -> Schedule | None:
-    """The schedule a resumed budgeted run decided (None: a fresh run, or one saved before it decided), with
-    the counts given now on top."""
-    recorded = Schedule.recorded(state.schedule)
-    if recorded is None:
-        return None
-    return Schedule(**(recorded.as_dict() | given))
-
-
 def measure_peak(plan: RunPlan, engine: Engine) -> tuple[float, str]:
     """Every rank: the whole world's peak for the training dtype, and the line saying which (peak_flops)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.layout.precision, torch.float32)
@@ -236,10 +185,6 @@ def start_tracking(
     state.wandb_id = tracker.run_id
     peak, peak_line = peak
     log.info(peak_line)
-    schedule_line = None
-    if not cfg.time_budget:  # a budgeted run's schedule is decided, and said, by its TimeBudget
-        fixed = run_schedule.for_steps(run_schedule.given(cfg))
-        schedule_line = functools.partial(_steps_schedule_line, fixed, plan)
     metrics = StepLogger(
         tracker,
         log,
@@ -250,19 +195,6 @@ def start_tracking(
         log_every=cfg.log_every,
         progress=cfg.progress,
         initial_step=state.step,
-        schedule_line=schedule_line,
+        schedule_line=plan.length.schedule_line,
     )
     return tracker, metrics
-
-
-def _steps_schedule_line(schedule: Schedule, plan: RunPlan, step_s: float) -> str:
-    cfg = plan.cfg
-    return run_schedule.describe(
-        schedule,
-        step_s=step_s,
-        total_steps=plan.total_steps,
-        budget_min=None,
-        decay=cfg.lr_decay,
-        min_ratio=cfg.min_lr_ratio,
-        lr=cfg.lr,
-    )

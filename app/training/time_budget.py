@@ -6,8 +6,8 @@ compile, the sanity evaluation) is not counted. A checkpoint records the trainin
 so far, so a resumed run continues the same budget (time after the last checkpoint of a killed run is
 lost with the steps it paid for).
 
-The stop rule, decided by rank 0 before every step and broadcast (`agree`; every rank then sets the same lr,
-validates and saves at the same steps and stops at the same step):
+The stop rule, decided by rank 0 before every step (`decide`; app.training.run_length's TimeLength broadcasts
+it, so every rank sets the same lr, validates and saves at the same steps and stops at the same step):
 
     stop when  elapsed + next step (+ the periodic evaluation / save it triggers) + reserve  >  budget
 
@@ -30,13 +30,9 @@ on the machine's speed and load (two runs with the same seed agree until their c
 
 from __future__ import annotations
 
-import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-
-import torch
-import torch.distributed as dist
 
 from app.training import run_schedule
 from app.training.run_schedule import EVAL_SHARE, MEASURE_STEPS, Schedule
@@ -235,29 +231,6 @@ class TimeBudget:
             min_ratio=self.min_ratio,
             lr=lr,
         )
-
-    def agree(
-        self, step: int, elapsed: float, rank: int, device: torch.device, lr: float, log: logging.Logger
-    ):
-        """Every rank, before optimizer step `step`: rank 0 decides on its clock and broadcasts (the lr
-        multiplier, stop now, (validate every, save every)); it logs the schedule once decided, and why the
-        run stops."""
-        decision = torch.zeros(4, dtype=torch.float64, device=device)
-        if rank == 0:
-            mult, stop = self.decide(step, elapsed)
-            decision[0], decision[1] = mult, float(stop)
-            decision[2], decision[3] = self.points()
-            if (warning := self.reserve_warning()) is not None:
-                log.warning(warning)
-            if (line := self.schedule_line(lr)) is not None:
-                log.info(line)
-            if stop:
-                log.info(
-                    f"time budget: stopping after step {step} at {elapsed:.0f} s of {self.budget_s:.0f} s, "
-                    f"keeping {self.reserve():.0f} s for the final evaluation and save"
-                )
-        dist.broadcast(decision, src=0)
-        return float(decision[0]), bool(decision[1]), (int(decision[2]), int(decision[3]))
 
     def record(self, state) -> None:
         """Rank 0, at a save: what a resume continues from (where the decay started, the schedule)."""

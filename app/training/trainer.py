@@ -1,10 +1,12 @@
 """The training run: configure -> setup -> fit (the loop) -> finish (final evaluation, save, summary).
 
-`fit` reads like the algorithm: take the step's global batch, one optimizer step, log, maybe validate,
-maybe save. Everything it uses is built once before it (`setup`, its steps in startup.py); data is opened
-in one place (`RunData`); where the run stands (`TrainState`) is the only thing the loop changes, and it
-is what a checkpoint records. The hooks' work lives beside them: held-out scoring (app/evaluation/), samples
-(samples.py), the checkpoint (saving.py), its W&B artifact (artifacts.py), the summary (summary.py).
+`fit` reads like the algorithm: ask the run's length for the step's lr (or stop), take the step's global
+batch, one optimizer step, log, maybe validate, maybe save (the length says when). Everything it uses is
+built once before it (`setup`, its steps in startup.py) from one frozen config (`plan_run`, the resolve
+step); data is opened in one place (`RunData`); where the run stands (`TrainState`) is the only thing the
+loop changes, and it is what a checkpoint records. The hooks' work lives beside them: held-out scoring
+(app/evaluation/), samples (samples.py), the checkpoint (saving.py), its W&B artifact (artifacts.py), the
+summary (summary.py).
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ from app.training.samples import RunSamples, samples_at_end
 from app.training.saving import save_checkpoint
 from app.training.state import TrainState
 from app.training.summary import finish_run
-from app.training.time_budget import TimeBudget
 from app.training.tracking import truncate_metrics
 
 EXIT_NON_FINITE = 3  # the exit status when too many consecutive steps were skipped
@@ -69,27 +70,24 @@ class Trainer:
             self.init_source = startup.init_source_of(cfg.init_from, self.model_cfg, self.data)
         self.samples = RunSamples(cfg, self.model_cfg, self.data, self.log)  # reads --sample-prompts
         warn = self.log.warning if int(os.environ.get("RANK", "0")) == 0 else None  # the caps' lines
-        cfg = bounds.cap_timeout(cfg, warn)
-        init_distributed(cfg.dist_timeout_s)
+        init_distributed(bounds.cap_timeout(cfg.dist_timeout_s, None))  # plan_run records it, in one line
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.threads = set_threads()
         self.plan = plan = plan_run(cfg, ds, self.data, self.model_cfg, self.world, warn, self._info_rank0)
-        self.cfg = cfg = plan.cfg  # lr, batch, precision and the counts the data can use, as in force
-        self.layout = plan.layout
+        self.cfg = cfg = plan.cfg  # frozen: lr, batch, precision, caps and step counts as in force
+        self.layout, self.length = plan.layout, plan.length
         plan.check_fits(self.samples.prompts)  # before any weight, state or batch of the model exists
         if self.rank == 0:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
             check_precision(self.layout.precision, device_type, plan.ds_source, self.log)
         seed_everything(cfg.seed, deterministic_default(cfg.deterministic))
-        self.steps_per_epoch, self.total_steps = plan.steps_per_epoch, plan.total_steps
+        self.steps_per_epoch = plan.steps_per_epoch
         self.run_dir, self.root = Path(cfg.out), Path(cfg.out) / "checkpoints"
         self.resolved = plan.resolved(self.threads)
         self.resolved["code"] = code_version()  # config.json, checkpoints, W&B: the code that ran
         self.state = TrainState()
         self.preemption = Preemption()
         self.preemption.install()  # after init_distributed: the launcher watch keeps the default handlers
-        self.budget: TimeBudget | None = None
-        self.stopped_by = "steps"
         self._validation_at: tuple[int, dict | None] = (-1, None)  # (step, its validation loss record)
         self._info(plan.describe(self.threads))
 
@@ -144,10 +142,7 @@ class Trainer:
                 init_from=cfg.init_from,
                 info=self._info,
             )
-        if cfg.time_budget:
-            self.budget = startup.time_budget_for(
-                cfg, self.data, self.n_params, self.state, self.total_steps, self._info
-            )
+        self.length.start(cfg, self.data, self.n_params, self.state, self.engine.device, self.rank, self.log)
         peak = startup.measure_peak(self.plan, self.engine)  # every rank: timed together, summed
         self.tracker = self.metrics = None
         if self.rank == 0:
@@ -174,24 +169,28 @@ class Trainer:
 
     # ---- the loop
     def fit(self) -> int:
-        """Train to `total_steps`; returns the process exit status."""
-        cfg, st = self.cfg, self.state
+        """Train until the run's length says stop; returns the process exit status."""
+        cfg, st, length = self.cfg, self.state, self.length
         if cfg.sanity_eval_batches:
             self.validate("validation", "sanity", cfg.sanity_eval_batches)
         arm_collective_timeout(cfg.dist_timeout_s)  # start-up done: --dist-timeout-s bounds every wait now
         self._loop_start, self._spent_before = time.monotonic(), st.train_seconds  # the budget's clock
         schedule = self.data.schedule("train")
         plan, plan_epoch = None, -1
-        while self._more_steps():
+        while True:
+            ask = length.next_step(st.step, self.engine.updates_applied(), self._elapsed())  # every rank
+            if ask.stop:
+                break
+            self.engine.set_lr_scale(ask.lr_scale)  # the step's lr: the run's length is its one source
             epoch, k = divmod(st.step, self.steps_per_epoch)
             if epoch != plan_epoch:
                 plan, plan_epoch = schedule.epoch(epoch), epoch
             self.train_step(plan[k])
             if st.consecutive_skips >= cfg.max_consecutive_skips:  # every rank agrees: the decision is global
                 return self._stop_non_finite()
-            if cfg.eval_every and st.step % cfg.eval_every == 0 and st.step != self.total_steps:
+            if length.validates_after(st.step):
                 self.validate("validation", "val", cfg.eval_max_batches, periodic=True)
-            if cfg.save_every and st.step % cfg.save_every == 0:
+            if length.saves_after(st.step):
                 self.save()
             faults.hang_after(st.step)
             faults.user_error_after(st.step)
@@ -200,24 +199,9 @@ class Trainer:
                 return self._stop_preempted(signame)
         return self.finish()
 
-    def _more_steps(self) -> bool:
-        if self.total_steps is not None and self.state.step >= self.total_steps:
-            return False
-        return self.budget is None or self._budget_allows_a_step()
-
     def _elapsed(self) -> float:
         """Training seconds so far: earlier runs' (from the checkpoint) plus this run's loop."""
         return self._spent_before + time.monotonic() - self._loop_start
-
-    def _budget_allows_a_step(self) -> bool:
-        """Rank 0 decides on its clock (the lr, whether to stop, and once the first steps are timed, where to
-        validate and save); every rank applies the same decision."""
-        step, elapsed, device = self.state.step, self._elapsed(), self.engine.device
-        lr_scale, stop, points = self.budget.agree(step, elapsed, self.rank, device, self.cfg.lr, self.log)
-        self.engine.set_lr_scale(lr_scale)
-        self.cfg.eval_every, self.cfg.save_every = points
-        self.stopped_by = "time" if stop else self.stopped_by
-        return not stop
 
     def train_step(self, global_mbs: list) -> None:
         """One optimizer step over the global batch `global_mbs` (this rank feeds its share)."""
@@ -235,8 +219,7 @@ class Trainer:
         t0 = time.perf_counter()
         loss = self.engine.train_step(batches, tokens, nan=faults.nan_at(st.step + 1))
         dt = time.perf_counter() - t0
-        if self.budget is not None:
-            self.budget.note_step(time.perf_counter() - t_start, tokens)
+        self.length.note_step(time.perf_counter() - t_start, tokens)
         st.step += 1
         st.tokens += tokens
         st.bytes += (num_bytes := sum(mb.num_bytes for mb in global_mbs))
@@ -278,8 +261,7 @@ class Trainer:
         step, seconds = self.state.step, time.perf_counter() - t0
         if prefix == "val":  # what a save at this step records (best_tag picks the lowest)
             self._validation_at = (step, {"loss": head.loss, "max_batches": self.cfg.eval_max_batches})
-        if self.budget is not None:
-            self.budget.note_eval(seconds, res.tokens, periodic)
+        self.length.note_eval(seconds, res.tokens, periodic)
         if self.rank == 0:
             self.log.info(
                 f"{prefix} @ step {step}: loss {res.loss:.4f} nats/token | ppl {res.perplexity:.2f} | "
@@ -317,8 +299,7 @@ class Trainer:
         t0 = time.perf_counter()
         if self.rank == 0:
             st.train_seconds = self._elapsed()  # what a resume continues from
-            if self.budget is not None:
-                self.budget.record(st)  # where the decay started, the schedule decided
+            self.length.record(st)  # a budget's: where the decay started, the schedule decided
         tag = save_checkpoint(
             self.plan,
             self.engine,
@@ -330,11 +311,9 @@ class Trainer:
             log=self.log,
         )
         st.last_saved = st.step
-        if self.budget is not None:
-            self.budget.note_save(time.perf_counter() - t0)
+        self.length.note_save(time.perf_counter() - t0)
         if self.rank == 0:
-            last = self.stopped_by == "time" or (self.total_steps is not None and st.step >= self.total_steps)
-            mode = self.cfg.wandb_artifacts
+            last, mode = self.length.ends_at(st.step), self.cfg.wandb_artifacts
             log_saved_checkpoint(
                 self.tracker, self.run_dir, self.root, tag, step=st.step, mode=mode, last=last, log=self.log
             )
@@ -357,8 +336,8 @@ class Trainer:
                 st,
                 params=self.n_params,
                 train_seconds=self._elapsed(),
-                stopped_by=self.stopped_by,
-                budget_s=self.budget.budget_s if self.budget is not None else None,
+                stopped_by=self.length.stopped_by,
+                budget_s=self.length.budget_s,
                 code=self.resolved["code"],
                 run_dir=self.run_dir,
                 log=self.log,
