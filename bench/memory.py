@@ -346,12 +346,12 @@ def engine(spec: dict):
 
 
 def prep_block(spec: dict):
-    """A data prep worker's call (`data_prep.pipeline._work`): one --block-mb block of CPython's sources read
+    """A data prep worker's call (`data_prep.pool._work`): one --block-mb block of CPython's sources read
     back from the spool, checked, encoded (byte or a 4096-piece SentencePiece) and spilled to its file."""
     import pickle
     import tempfile
 
-    from data_prep import pipeline
+    from data_prep import bounds, pool
     from data_prep.encode import Block, EncodeFn
 
     texts, size = [], 0
@@ -364,16 +364,16 @@ def prep_block(spec: dict):
     tok = _prep_tokenizer(spec.get("tokenizer", "byte"), texts)
     spool = Path(tempfile.mkdtemp())
     fn = EncodeFn(tok, 256, seed=0, text_field="text", fractions=(0.05, 0.05), moves={}, segments=False)
-    pipeline._WORKER = (fn, spool)
+    pool._WORKER = (fn, spool)
 
     def run(items: list[str], index: int):
         with open(spool / f"block-{index}", "wb") as f:
             pickle.dump(Block(items, [True] * len(items), [False] * len(items)), f)
         del items
-        pipeline._work(index, str(spool / f"block-{index}"))
+        pool._work(index, str(spool / f"block-{index}"))
 
     first = Block(texts, [True] * len(texts), [False] * len(texts))
-    block_bytes = pipeline.block_memory(spec["block_mb"], pipeline.tokens_per_byte(tok, first))
+    block_bytes = bounds.block_memory(spec["block_mb"], bounds.tokens_per_byte(tok, first))
     return block_bytes, lambda: run(texts[:3], 0), lambda: run(texts, 1)
 
 

@@ -324,7 +324,7 @@ def test_a_killed_worker_is_one_line_and_the_rerun_resumes(tmp_path, lines_refer
     ends the run with one line, not a wait for the lost block forever; the finished groups are kept and the
     same command resumes to the shards of an uninterrupted prep. Blocks of 80 KB, over a pipe's 64 KiB: a
     block sent through the pool's queue could hang the executor's cleanup on Python < 3.11.5 (CPython
-    94777), so blocks go through spool files (data_prep.pipeline._send)."""
+    94777), so blocks go through spool files (data_prep.pool._send)."""
     src, _ = lines_reference
     reference, out = tmp_path / "reference", tmp_path / "o"
     assert prep_main(["--input", str(src), *_lines_flags("0.08"), "--out", str(reference)]) == 0

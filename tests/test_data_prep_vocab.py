@@ -7,7 +7,7 @@ import random
 import pytest
 
 from data_prep.config import PrepConfig
-from data_prep.pipeline import _train_spm
+from data_prep.run_tokenizer import train_spm
 from data_prep.spm_train import VocabSizeError
 from data_prep.vocab import MAX_VOCAB, MIN_VOCAB, STEP, K, auto_vocab_size
 
@@ -32,13 +32,13 @@ def test_auto_size_this_text_cannot_support_becomes_the_size_it_can(tmp_path):
     (0) the tokenizer is trained at the size SentencePiece offers; an explicit size stays an error."""
     text = ["the quick brown fox jumps over the lazy dog.\nfoo bar baz qux\n" * 3]
     auto = PrepConfig(out=tmp_path / "a")
-    proto = _train_spm(text, auto, auto_vocab_size(len(text[0])))
+    proto = train_spm(text, auto, auto_vocab_size(len(text[0])))
     from data_prep.tokenizer import SentencePieceTokenizer
 
     tok = SentencePieceTokenizer(proto)
     assert 261 <= tok.vocab_size < MIN_VOCAB
     with pytest.raises(VocabSizeError, match="--vocab-size 512 is too large") as err:
-        _train_spm(text, PrepConfig(out=tmp_path / "b", vocab_size=512), 512)
+        train_spm(text, PrepConfig(out=tmp_path / "b", vocab_size=512), 512)
     assert err.value.feasible == tok.vocab_size
 
 

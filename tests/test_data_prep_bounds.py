@@ -1,4 +1,4 @@
-"""data_prep/pipeline.py: a worker's memory for a block, estimated with the tokens its tokenizer makes of
+"""data_prep/bounds.py: a worker's memory for a block, estimated with the tokens its tokenizer makes of
 the input, against what encoding the block really takes."""
 
 from __future__ import annotations
