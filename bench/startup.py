@@ -6,14 +6,19 @@
    `torch._dynamo` (what torch.optim imports the first time an optimizer adds a param group or steps), then
    with DeepSpeed's Muon module as well (what DeepSpeed's ZeRO optimizers import to ask whether the
    optimizer is Muon; its `torch.compile` decorators import TorchInductor's compiler).
-2. A 2-rank launch of `app/train.py` (2 pipeline stages, ds_configs/cpu_pp2_zero1.json, the debug model,
-   `--max-steps` steps) on tiny prepared data, started as the test suite starts it (DeepSpeed's per-node
-   `launch.py`, one thread per process), as users run it (`product`) and with the test harness's start-up
-   saving (`harness`: tests/fast_start on PYTHONPATH, the stand-ins the suite's launched processes get).
+2. `one_process`: `python app/train.py` as one process (world 1, one stage, ds_configs/cpu_pp2_zero1.json's
+   ZeRO-1, the debug model, one step, no evaluation or save) on tiny prepared data: a rank's start-up
+   and one step, with no peer to wait for.
+3. `two_ranks`: a 2-rank launch of `app/train.py` (2 pipeline stages, `--max-steps` steps), started as the
+   test suite starts it (DeepSpeed's per-node `launch.py`, one thread per process). Its CPU time also
+   counts what the ranks spend waiting for each other, which grows with the machine's load.
+Each run as users run it (`product`) and with the test harness's start-up saving (`harness`: tests/fast_start
+on PYTHONPATH, the stand-ins the suite's launched processes get).
 
-CPU-seconds are the children's user + system time (`getrusage(RUSAGE_CHILDREN)`), which other work on the
-machine does not inflate the way it inflates wall time. The variants are interleaved, `--rounds` times;
-each figure is the median. A warm-up launch first builds the fused core for this tree (not counted).
+CPU-seconds are the children's user + system time (`getrusage(RUSAGE_CHILDREN)`). The variants are
+interleaved, `--rounds` times; each figure is the median. The environment is the one tests/launcher.py
+gives the suite's processes (one thread each, `MLSTM_MATMUL=mm`), with the fused core (and DeepSpeed's CPU
+all-reduce op) built by warm-up runs (not counted) in a folder of this run's.
 """
 
 from __future__ import annotations
@@ -55,9 +60,15 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return children_cpu() - cpu, time.perf_counter() - t0
 
 
-def base_env(harness: bool) -> dict[str, str]:
+def base_env(harness: bool, extensions: Path) -> dict[str, str]:
+    """The environment tests/launcher.py gives its processes (one thread, the CPU accelerator, one matmul
+    path), with the fused core built in `extensions` (a folder of this run's: another tree's build of it in
+    the shared default folder would make every process here compile it again)."""
     env = dict(
         os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_SILENT="true", PYTHONUNBUFFERED="1"
+    )
+    env.update(
+        MLSTM_MATMUL="mm", TORCH_EXTENSIONS_DIR=str(extensions), MLSTM_CACHE_DIR=str(extensions / "cache")
     )
     paths = [str(HARNESS)] if harness else []
     paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != HARNESS]
@@ -82,16 +93,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_cmd(data: Path, out: Path, steps: int) -> list[str]:
-    world = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1]}).encode()).decode()
+def train_cmd(data: Path, out: Path, steps: int, ranks: int) -> list[str]:
+    """`python app/train.py` (one process, one stage) or DeepSpeed's per-node launcher with `ranks` ranks."""
+    if ranks == 1:
+        head = [sys.executable, str(ROOT / "app" / "train.py"), "--pipeline-stages", "1"]
+    else:
+        world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
+        head = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+                "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--log_level=error",
+                str(ROOT / "app" / "train.py"), "--pipeline-stages", str(ranks)]  # fmt: skip
     return [
-        sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}", "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}", "--log_level=error", str(ROOT / "app" / "train.py"),
-        "--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data", str(data), "--out", str(out),
-        "--pipeline-stages", "2", "--model-config", "debug", "--max-steps", str(steps), "--warmup-steps", "2",
-        "--eval-max-batches", "1", "--sanity-eval-batches", "1", "--progress", "false", "--plots", "false",
-        "--wandb-mode", "disabled",
+        *head, "--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data", str(data),
+        "--out", str(out), "--model-config", "debug", "--max-steps", str(steps), "--warmup-steps", "2",
+        "--eval-every", "0", "--save-every", "0", "--sanity-eval-batches", "0", "--test-eval", "false",
+        "--samples", "0", "--progress", "false", "--plots", "false", "--wandb-mode", "disabled",
     ]  # fmt: skip
+
+
+def measure(tmp: Path, rounds: int, steps: int) -> dict[str, dict[str, list[float]]]:
+    """{figure: {variant: CPU-s of each round}}, the variants interleaved."""
+    data, ext = tmp / "data", tmp / "torch_extensions"
+    prep = [sys.executable, "-m", "data_prep", "--out", str(data), "--tokenizer", "byte",
+            "--default-max-mb", "0.3", "--max-seq-len", "64", "--quiet"]  # fmt: skip
+    timed(prep, base_env(False, ext))
+    for ranks in (1, 2):  # build the fused core, and DeepSpeed's CPU all-reduce op that several ranks use
+        timed(train_cmd(data, tmp / f"warm{ranks}", 1, ranks), base_env(False, ext))
+    variants = {"product": False, **({"harness": True} if HARNESS.is_dir() else {})}
+    out: dict[str, dict[str, list[float]]] = {"imports": {k: [] for k in IMPORTS}}
+    out |= {f"{kind}_wall_s" if wall else kind: {v: [] for v in variants}
+            for kind in ("one_process", "two_ranks") for wall in (False, True)}  # fmt: skip
+    for r in range(rounds):
+        for name, code in IMPORTS.items():
+            out["imports"][name].append(timed([sys.executable, "-c", code], base_env(False, ext))[0])
+        for variant, harness in variants.items():
+            for kind, ranks, n in (("one_process", 1, 1), ("two_ranks", 2, steps)):
+                cpu, wall = timed(
+                    train_cmd(data, tmp / f"{variant}_{kind}_{r}", n, ranks), base_env(harness, ext)
+                )
+                out[kind][variant].append(cpu)
+                out[f"{kind}_wall_s"][variant].append(wall)
+                print(f"round {r + 1}: {variant} {kind}: {cpu:.1f} CPU-s, {wall:.1f} s", flush=True)
+    return out
 
 
 def main() -> None:
@@ -99,39 +141,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
-    variants = {"product": False, **({"harness": True} if HARNESS.is_dir() else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "data"
-        prep = [sys.executable, "-m", "data_prep", "--out", str(data), "--tokenizer", "byte",
-                "--default-max-mb", "0.3", "--max-seq-len", "64", "--quiet"]  # fmt: skip
-        timed(prep, base_env(False))
-        timed(launch_cmd(data, Path(tmp) / "warm", args.steps), base_env(False))  # builds the fused core
-        imports: dict[str, list[float]] = {k: [] for k in IMPORTS}
-        launches: dict[str, list[float]] = {k: [] for k in variants}
-        walls: dict[str, list[float]] = {k: [] for k in variants}
-        for r in range(args.rounds):
-            for name, code in IMPORTS.items():
-                imports[name].append(timed([sys.executable, "-c", code], base_env(False))[0])
-            for name, harness in variants.items():
-                cpu, wall = timed(launch_cmd(data, Path(tmp) / f"{name}{r}", args.steps), base_env(harness))
-                launches[name].append(cpu)
-                walls[name].append(wall)
-                print(f"round {r + 1}: {name} launch {cpu:.1f} CPU-s, {wall:.1f} s", flush=True)
-    med = {k: round(statistics.median(v), 2) for k, v in imports.items()}
+        runs = measure(Path(tmp), args.rounds, args.steps)
+    med = {fig: {k: round(statistics.median(v), 2) for k, v in by.items()} for fig, by in runs.items()}
+    imports = med["imports"]
     result = {
         "machine": cpu_model(),
         "cpus": os.cpu_count(),
         "rounds": args.rounds,
-        "import_cpu_s": med,
-        "dynamo_import_cpu_s": round(med["with_dynamo"] - med["torch_deepspeed"], 2),
-        "muon_import_cpu_s": round(med["with_dynamo_muon"] - med["with_dynamo"], 2),
-        "launch_2_ranks_cpu_s": {k: round(statistics.median(v), 2) for k, v in launches.items()},
-        "launch_2_ranks_wall_s": {k: round(statistics.median(v), 2) for k, v in walls.items()},
-        "launch_cpu_s_all": {k: [round(x, 2) for x in v] for k, v in launches.items()},
+        "import_cpu_s": imports,
+        "dynamo_import_cpu_s": round(imports["with_dynamo"] - imports["torch_deepspeed"], 2),
+        "muon_import_cpu_s": round(imports["with_dynamo_muon"] - imports["with_dynamo"], 2),
+        **{fig: by for fig, by in med.items() if fig != "imports"},
+        "cpu_s_each_round": {fig: by for fig, by in runs.items() if not fig.endswith("wall_s")},
     }
-    if "harness" in launches:
-        result["harness_saves_per_rank_cpu_s"] = round(
-            (statistics.median(launches["product"]) - statistics.median(launches["harness"])) / 2, 2
+    if "harness" in med["one_process"]:
+        result["harness_saves_one_process_cpu_s"] = round(
+            med["one_process"]["product"] - med["one_process"]["harness"], 2
         )
     print(json.dumps(result))
 
