@@ -1,6 +1,6 @@
 """Label new text with a kept classifier, at scale: streamed, data-parallel, resumable.
 
-    python app/classify.py --classifier runs/big/transfer/step_00001000/classifier --input reviews.csv \
+    python app/classify.py --classifier runs/big/transfer/step_00001000/classifier --input reviews.csv \\
         --output labels.csv [--text-field text] [--keep-fields id] [--features-out features.npy]
     deepspeed --num_gpus 8 app/classify.py --classifier CLF --input huge.jsonl --output labels.parquet
     cat texts.txt | python app/classify.py --classifier CLF --output labels.jsonl

@@ -17,23 +17,23 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from app.common.cli import FlagParser, add_dataclass_flags, build, collect_flags
-from app.common.errors import UserError, exit_on_user_error
+from app.common.cli import flag, parse_config
+from app.common.errors import exit_on_user_error
 from app.common.numbers import check_numbers
 
-Kind = Literal["openai", "sentiment-discovery"]
 KINDS = ("openai", "sentiment-discovery")
 
 
 @dataclass(kw_only=True, slots=True)
 class ImportConfig:
-    kind: Kind
-    """The layout of the weights: `openai` or `sentiment-discovery` (given as --from KIND PATH)."""
-    path: str
-    """The folder (openai) or the .pt file (sentiment-discovery) to read (given as --from KIND PATH)."""
+    source: list[str] = field(
+        default_factory=list, metadata=flag(name="from", nargs=2, metavar=("KIND", "PATH"))
+    )
+    """What to import: openai DIR (0.npy ... 14.npy, or DIR/model/) or sentiment-discovery FILE.pt (`from:
+    [KIND, PATH]` in a --config file)."""
     out: str = ""
     """Folder to write the export to (created; existing export files in it are replaced)."""
     feature_preprocess: Literal["openai", "none"] = "openai"
@@ -46,26 +46,24 @@ class ImportConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self)
+        if not self.source:
+            raise ValueError("--from KIND PATH is required: openai DIR or sentiment-discovery FILE.pt")
+        if len(self.source) != 2:
+            raise ValueError(f"--from: expects KIND PATH, got {self.source}")
+        if self.kind not in KINDS:
+            raise ValueError(f"--from: KIND must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not self.out:
             raise ValueError("--out is required (the folder to write the export to)")
 
+    @property
+    def kind(self) -> str:
+        """`openai` or `sentiment-discovery`: the layout of the weights."""
+        return self.source[0]
 
-def parse(argv: list[str] | None) -> ImportConfig:
-    p = FlagParser(description=__doc__)
-    p.add_argument(
-        "--from",
-        dest="source",
-        nargs=2,
-        metavar=("KIND", "PATH"),
-        required=True,
-        help="what to import: openai DIR (0.npy ... 14.npy, or DIR/model/) or sentiment-discovery FILE.pt",
-    )
-    add_dataclass_flags(p, ImportConfig, skip=("kind", "path"))
-    ns = p.parse_args(argv)
-    kind, path = ns.source
-    if kind not in KINDS:
-        raise UserError(f"--from: KIND must be one of {', '.join(KINDS)}, got {kind!r}")
-    return build(ImportConfig, {"kind": kind, "path": path, **collect_flags(ns, ImportConfig)})
+    @property
+    def path(self) -> str:
+        """The folder (openai) or the .pt file (sentiment-discovery) to read."""
+        return self.source[1]
 
 
 def run(cfg: ImportConfig) -> str:
@@ -95,7 +93,7 @@ def run(cfg: ImportConfig) -> str:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(argv)
+    cfg = parse_config(ImportConfig, argv, __doc__)
     if cfg.check_hf:
         from app.checkpoints.hf_format import import_transformers
 

@@ -16,24 +16,32 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repo, not app/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse
 import logging
+from dataclasses import dataclass, field
 
+from app.common.cli import flag, parse_config
 from app.common.errors import exit_on_user_error
-from app.common.version import __version__
 from app.training.plots import plot_runs
+
+
+@dataclass(kw_only=True, slots=True)
+class PlotConfig:
+    runs: list[str] = field(default_factory=list, metadata=flag(positional=True, metavar="RUN"))
+    """A run directory (or its metrics.jsonl file); one or more (`runs:` in a --config file)."""
+    out: str = "runs.png"
+    """PNG file to write."""
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("give at least one RUN (a run directory or its metrics.jsonl file)")
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="A run directory (or its metrics.jsonl file).")
-    p.add_argument("--out", default="runs.png", help="PNG file to write (default: runs.png).")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    args = p.parse_args(argv)
+    cfg = parse_config(PlotConfig, argv, __doc__)
     logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
-    curves = plot_runs(args.runs, Path(args.out))
-    print(f"{len(curves)} run(s) plotted to {args.out}", flush=True)
+    curves = plot_runs(cfg.runs, Path(cfg.out))
+    print(f"{len(curves)} run(s) plotted to {cfg.out}", flush=True)
     return 0
 
 

@@ -14,8 +14,8 @@ byte tokenizer, written as an export (speed does not depend on the weights). The
    (DS_ACCELERATOR=cpu, one thread a process) and as one plain process: texts/s and bytes/s from its
    closing line (reading, tokenizing, featurising, the head and the part files all counted), and its
    accuracy on the test rows beside the one transfer.json reports.
-The target: classify with 2 processes at >= 0.8x transfer's featurising speed. Both run on whatever else
-the machine is doing: say what else ran when quoting the figures.
+The target: classify with 2 processes at >= 0.8x transfer's featurising speed. Both are measured in one run,
+one after the other: quote the ratio with the command and the machine.
 """
 
 from __future__ import annotations

@@ -6,15 +6,20 @@ Errors name the flag and the offending value, and are raised before any work sta
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
+from app.common import cli
 from app.common.numbers import check_numbers
 
-DOC_SPLITS = ("file", "paragraph", "line")
-FORMATS = ("auto", "text", "json", "csv", "parquet")
-TOKENIZERS = ("sentencepiece", "byte")
-MODEL_TYPES = ("unigram", "bpe")
+DocSplit = Literal["file", "paragraph", "line"]
+Format = Literal["auto", "text", "json", "csv", "parquet"]
+Tokenizer = Literal["sentencepiece", "byte"]
+ModelType = Literal["unigram", "bpe"]
+DOC_SPLITS, FORMATS = typing.get_args(DocSplit), typing.get_args(Format)
+TOKENIZERS, MODEL_TYPES = typing.get_args(Tokenizer), typing.get_args(ModelType)
 
 
 def default_num_proc() -> int:
@@ -23,8 +28,15 @@ def default_num_proc() -> int:
 
 @dataclass(kw_only=True, slots=True)
 class PrepConfig:
-    # input
-    inputs: list[str] = field(default_factory=list)
+    FLAG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "input": ("inputs", "hub", "hub_config", "hub_split", "text_field", "doc_split", "format", "default_max_mb"),
+        "tokenizer": ("tokenizer", "tokenizer_model", "vocab_size", "model_type", "tokenizer_train_mb"),
+        "processing": ("max_seq_len", "val_fraction", "test_fraction", "seed", "max_buckets", "batch_size"),
+        "output": ("out", "overwrite"),
+        "runtime": ("num_proc", "block_mb", "shard_mb", "quiet"),
+    }  # fmt: skip
+
+    inputs: list[str] = field(default_factory=list, metadata=cli.flag(name="input", metavar="PATH"))
     """Files, globs or directories (text, JSON/JSONL, CSV/TSV, Parquet). None and no --hub: the embedded CPython corpus."""
     hub: str | None = None
     """Hugging Face Hub dataset name, loaded through the same pipeline (needs network or a warm cache)."""
@@ -34,25 +46,23 @@ class PrepConfig:
     """Hub dataset split to read; data_prep makes its own train/validation/test split from it."""
     text_field: str = "text"
     """Field holding the document text in JSON/CSV/Parquet/Hub rows."""
-    doc_split: str = "file"
+    doc_split: DocSplit = "file"
     """How plain-text files become documents: one per file, per blank-line paragraph, or per line."""
-    format: str = "auto"
+    format: Format = "auto"
     """Input format; auto picks it from the file extension."""
     default_max_mb: float = 4.0
     """Size cap (MB of UTF-8) of the embedded default corpus."""
-    # tokenizer
-    tokenizer: str = "sentencepiece"
+    tokenizer: Tokenizer = "sentencepiece"
     """Tokenizer kind: a trained SentencePiece model, or raw bytes (256 ids + specials)."""
-    tokenizer_model: Path | None = None
+    tokenizer_model: Path | None = field(default=None, metadata=cli.flag(metavar="FILE"))
     """Reuse this SentencePiece .model instead of training one (must be lossless, pad_id 0)."""
     vocab_size: int = 0
     """SentencePiece vocabulary size (including 4 specials and 256 byte-fallback pieces); 0 (the default)
     sizes it from the corpus: 64 * round(8 * sqrt(corpus bytes) / 64), within [512, 4096] (why: data_prep/vocab.py)."""
-    model_type: str = "unigram"
+    model_type: ModelType = "unigram"
     """SentencePiece model type."""
     tokenizer_train_mb: float = 4.0
     """At most this many MB of training documents (a fixed hash-ordered sample) train SentencePiece."""
-    # processing
     max_seq_len: int = 256
     """Longer documents are cut into consecutive chunks of at most this many tokens (nothing dropped)."""
     val_fraction: float = 0.05
@@ -65,13 +75,11 @@ class PrepConfig:
     """Most length buckets; the fewest that reach 0.985 expected padding efficiency at --batch-size are used."""
     batch_size: int = 16
     """Batch size the padding-efficiency figures assume (match the trainer's micro batch)."""
-    # output
-    out: Path | None = None
+    out: Path | None = field(default=None, metadata=cli.flag(metavar="DIR"))
     """Output directory (empty, absent, or an unfinished run of the same command, which is resumed)."""
     overwrite: bool = False
     """Replace an existing data_prep output in --out."""
-    # runtime
-    num_proc: int = field(default_factory=default_num_proc)
+    num_proc: int = field(default_factory=default_num_proc, metadata=cli.flag(default_text="min(2, CPUs)"))
     """Encoding worker processes (the output is the same for any number)."""
     block_mb: float = 4.0
     """MB of documents per work unit; bounds memory (each process holds a few units) and is the resume grain."""

@@ -30,7 +30,7 @@ shift
 VENV="${COMPAT_VENV:-$ROOT/.venv-compat-$END}"
 TORCH_SPEC="${TORCH_SPEC:-$default_torch}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
-read -r -a tests <<< "${COMPAT_TESTS:-tests/test_export_hf.py tests/test_checkpoints_consolidate.py tests/test_checkpoints_safety.py tests/test_parallel_pipeline.py tests/test_data_prep_formats.py tests/test_training_tracking.py tests/test_compat_main.py tests/test_parallel_lazy_dynamo.py}"
+read -r -a tests <<< "${COMPAT_TESTS:-tests/test_export_hf.py tests/test_checkpoints_consolidate.py tests/test_checkpoints_safety.py tests/test_parallel_pipeline.py tests/test_data_prep_formats.py tests/test_training_tracking.py tests/test_compat_main.py tests/test_fast_start.py}"
 pins="$VENV/compat-pins.txt"
 torch_index=()
 [ -z "$TORCH_INDEX_URL" ] || torch_index=(--index-url "$TORCH_INDEX_URL")

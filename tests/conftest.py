@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.parallel import lazy_dynamo
 from data_prep.cli import main as prep_main
 
 
@@ -104,7 +103,6 @@ def _environment_restored():
     yield
     os.environ.clear()
     os.environ.update(saved)
-    lazy_dynamo.restore()  # an in-process fine-tuning or engine deferred TorchDynamo's import: not for the next test
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CPU_CONFIG = ROOT / "ds_configs" / "cpu_pp2_zero1.json"
+FAST_START = ROOT / "tests" / "fast_start"  # its sitecustomize.py: the launched processes' start-up saving
 TIMEOUT = 300
 
 
@@ -34,6 +35,10 @@ def env(**extra: str) -> dict[str, str]:
     e.setdefault("MLSTM_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"mlstm-ds-suite-cache-{os.getuid()}"))
     if not torch_sees_an_accelerator():  # as launch/setup_env.sh does: one decision, no warning per process
         e.setdefault("DS_ACCELERATOR", "cpu")
+    # the harness's start-up saving (tests/fast_start/sitecustomize.py): no TorchDynamo or TorchInductor import
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(FAST_START), *filter(None, e.get("PYTHONPATH", "").split(os.pathsep))]
+    )
     e.update(extra)
     return e
 

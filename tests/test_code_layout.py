@@ -157,7 +157,7 @@ def test_entry_point_and_trainer_are_short():
 # tests of a behaviour across modules (a folder's end to end, the launch scripts, the house rules), named for it
 TOPIC_TESTS = {
     "code_layout", "compat_main", "console_scripts", "data_prep_e2e", "docs", "data_prep_formats", "data_prep_hostile",
-    "data_prep_resume", "data_prep_units", "export_hf", "launch", "lifecycle", "multinode", "slurm",
+    "data_prep_resume", "data_prep_units", "export_hf", "fast_start", "launch", "lifecycle", "multinode", "slurm",
 }  # fmt: skip
 
 
@@ -218,3 +218,47 @@ def test_the_code_map_matches_the_tree():
 
 # backticked words in the Code map that are not module names (a class, a key, a package)
 KNOWN_WORDS = {"transfer"}  # the `transfer` extra
+
+
+IMPORT_SYSTEM = ("modules", "meta_path", "path_hooks")
+MUTATORS = ("insert", "append", "extend", "remove", "pop", "popitem", "update", "setdefault", "clear",
+            "__setitem__", "__delitem__")  # fmt: skip
+
+
+def import_system_edits(path: Path) -> list[str]:
+    """Where `path` changes what Python imports: an item of `sys.modules` / `sys.meta_path` / `sys.path_hooks`
+    set or deleted, one of their mutating methods called, or the name rebound."""
+
+    def is_sys(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr in IMPORT_SYSTEM
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
+
+    out = []
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        stored = isinstance(getattr(n, "ctx", None), ast.Store | ast.Del)
+        if (
+            (isinstance(n, ast.Subscript) and stored and is_sys(n.value))
+            or (stored and is_sys(n))
+            or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS
+                and is_sys(n.func.value))
+        ):  # fmt: skip
+            out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{n.lineno}")
+    return out
+
+
+def test_no_stand_in_in_the_import_system(tmp_path):
+    """Product code uses torch and DeepSpeed as they are: nothing in app/ or data_prep/ puts a module into
+    `sys.modules` or a finder into `sys.meta_path` (a start-up saving that needs one lives in the test harness:
+    tests/fast_start)."""
+    bad = [where for p in project_sources() for where in import_system_edits(p)]
+    assert not bad, "edits of the import system in product code:\n" + "\n".join(bad)
+    fake = tmp_path / "bad.py"
+    fake.write_text(
+        "import sys\nsys.modules['torch._dynamo'] = 1\ndel sys.modules['x']\nsys.meta_path.insert(0, 1)\n"
+        "sys.modules.setdefault('y', 2)\nsys.meta_path = []\nok = sys.modules.get('z')\n"
+    )
+    assert [w.rsplit(":", 1)[1] for w in import_system_edits(fake)] == ["2", "3", "4", "5", "6"]

@@ -197,7 +197,7 @@ def test_a_sentiment_discovery_import_loads_in_transformers(tmp_path, capsys):
     [
         (["--from", "keras", "x", "--out", "o"], "KIND must be one of openai, sentiment-discovery, got 'keras'"),
         (["--from", "openai", "x"], "--out is required"),
-        (["--out", "o"], "the following arguments are required: --from"),
+        (["--out", "o"], "--from KIND PATH is required"),
         (["--from", "openai"], "--from: expected 2 arguments"),
         (["--from", "openai", "x", "--out", "o", "--feature-preprocess", "nvidia"], "--feature-preprocess"),
     ],

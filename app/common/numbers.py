@@ -10,16 +10,22 @@ bounds (>= 1, fractions in [0, 1], what 0 means) stay in the dataclass's own che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
-from app.common.cli import flag_of
+from app.common.cli import flag_for
 
 
-def check_numbers(obj: Any, *, signed: tuple[str, ...] = (), name_of: Callable[[str], str] = flag_of) -> None:
+def check_numbers(
+    obj: Any, *, signed: tuple[str, ...] = (), name_of: Callable[[str], str] | None = None
+) -> None:
     """Every int/float field of the dataclass `obj` (None skipped), and every number in a list field, finite,
-    and >= 0 unless it is in `signed`. Raises ValueError naming the flag (`name_of(field)`)."""
+    and >= 0 unless it is in `signed`. Raises ValueError naming the flag (`name_of(field)`, by default the
+    field's flag)."""
+    if name_of is None:
+        name_of = functools.partial(flag_for, type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         for v in value if isinstance(value, list) else [value]:

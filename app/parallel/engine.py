@@ -20,8 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
 from app.parallel.layout import Layout
-from app.parallel.lazy_dynamo import defer_dynamo_import
-from app.parallel.optimizer import choose_adam, skip_muon_kernels
+from app.parallel.optimizer import choose_adam
 from app.parallel.partition import pipeline_layer_costs
 from app.parallel.pipeline import build_pipeline, build_sequential
 
@@ -74,8 +73,6 @@ class Engine:
             self.partition = [0, model_cfg.num_layers + 2]
         if init_weights is not None:
             init_weights(module)
-        skip_muon_kernels(ds_config)
-        defer_dynamo_import()  # torch.optim's Adam needs none of TorchDynamo outside a compile
         if inference:
             self.ds, *_ = deepspeed.initialize(model=module, config=ds_config)
         else:

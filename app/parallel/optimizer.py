@@ -20,8 +20,6 @@ with the C++ compiler the fused core already needs); the line says which.
 from __future__ import annotations
 
 import copy
-import sys
-import types
 from collections.abc import Callable
 
 
@@ -99,36 +97,3 @@ def choose_adam(
         f"optimizer: {torch_name} (fused; no compile at start: DeepSpeed's FusedAdam is not prebuilt here, "
         "set torch_adam false in the DeepSpeed config to build it)"
     )
-
-
-MUON_MODULES = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
-
-
-class _NoMuon:
-    """Stands for DeepSpeed's MuonWithAuxAdam in a run that has no Muon optimizer: never instantiated, so
-    DeepSpeed's `isinstance(optimizer, MuonWithAuxAdam)` checks read False, as they would."""
-
-
-def _no_muon_update(*_args, **_kwargs):
-    raise RuntimeError("DeepSpeed's Muon update was called in a run whose optimizer is not Muon")
-
-
-def skip_muon_kernels(ds_config: dict) -> bool:
-    """Keep DeepSpeed from compiling its Muon kernels in a run whose optimizer is not Muon.
-
-    With ZeRO, DeepSpeed (0.19) imports its Muon optimizer while it checks the optimizer, and its ZeRO and
-    bf16 optimizers import it again to ask whether the optimizer is one; the module's `torch.compile`
-    decorators import TorchInductor's compiler (about 600 modules: 1.3 s of every process's start-up on a
-    2-core Xeon, with the deterministic-mode switch of app.parallel.runtime) for kernels such a run never
-    calls. Here both modules are stand-ins: the class is one no optimizer is an instance of, and the update
-    raises if called. A config whose optimizer is Muon (or a process that imported
-    them already) keeps what it has. -> whether this call put the stand-ins in place."""
-    kind = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
-    if "muon" in kind or any(name in sys.modules for name in MUON_MODULES):
-        return False
-    for name in MUON_MODULES:
-        module = types.ModuleType(name, "a stand-in (app.parallel.optimizer.skip_muon_kernels)")
-        module.MuonWithAuxAdam = _NoMuon
-        module.muon_update = _no_muon_update
-        sys.modules[name] = module
-    return True

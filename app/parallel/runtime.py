@@ -336,8 +336,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         # = torch.use_deterministic_algorithms(True, warn_only=True), which also imports TorchInductor to set
-        # its flag (with DeepSpeed's Muon modules, app.parallel.optimizer: 1.3 s of every process's start-up);
-        # nothing here compiles
+        # its flag; nothing here compiles
         torch.set_deterministic_debug_mode("warn")
         # Deterministic mode also NaN-fills every torch.empty (a debugging aid, not needed for
         # reproducibility). DeepSpeed's ZeRO allocates its reduce bucket (reduce_bucket_size elements,

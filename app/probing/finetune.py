@@ -31,7 +31,6 @@ from torch import nn
 
 from app.common.logs import heartbeat, progress_bar
 from app.model.lm import LanguageModel
-from app.parallel.lazy_dynamo import defer_dynamo_import
 from app.probing.features import length_batches
 from app.probing.head import best_thresholds, f1_per_label, sigmoid
 
@@ -217,7 +216,6 @@ def fine_tune(
     lm = LanguageModel(model.cfg).to(dev) if cfg.from_scratch else copy.deepcopy(model)
     clf = Classifier(lm.float(), layers, n_classes).to(dev)
     lm_params = [p for m in clf.trained_modules() for p in m.parameters()]
-    defer_dynamo_import()  # the optimizer's steps need none of TorchDynamo outside a compile
     opt = torch.optim.AdamW(
         [
             {"params": lm_params, "lr": cfg.lr},

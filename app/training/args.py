@@ -19,11 +19,10 @@ from typing import Any, NamedTuple
 
 from app.common.cli import (
     FlagParser,
-    add_config_flag,
-    add_dataclass_flags,
     build,
     choices,
     collect_flags,
+    command_parser,
     field_docs,
     field_types,
     parse_value,
@@ -55,10 +54,13 @@ class TrainArgs(NamedTuple):
 
 
 def build_parser(description: str = "") -> FlagParser:
-    p = FlagParser(description=description, epilog=epilog())
+    example = (
+        "`model:` and `train:` sections, and `deepspeed:` (a path or the JSON itself): a run's own config.json "
+        "works"
+    )
+    p = command_parser(TrainConfig, description, epilog=epilog(), launcher=True, example=example)
     # the two settings a run cannot do without (either may come from --config instead), then the rest
     p.usage = "%(prog)s --deepspeed_config FILE --data DIR [--config FILE] [options] [KEY=VALUE ...]"
-    p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the launcher
     ds = p.add_argument_group("DeepSpeed")
     ds.add_argument(
         "--deepspeed_config",
@@ -74,11 +76,6 @@ def build_parser(description: str = "") -> FlagParser:
     )
     ds.add_argument("--deepscale_config", help=argparse.SUPPRESS)  # DeepSpeed's deprecated spellings
     ds.add_argument("--deepscale", action="store_true", help=argparse.SUPPRESS)
-    add_config_flag(
-        p, "`max_steps: 1000`; `model:` and `train:` sections, and `deepspeed:` (a path or the JSON itself): a "
-        "run's own config.json works)"
-    )  # fmt: skip
-    add_dataclass_flags(p, TrainConfig)
     p.add_argument("--dry-run", action="store_true", help="Validate configs and data, print the plan, exit.")
     p.add_argument(
         "overrides",
