@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # run as a script: import the repo, not app/
 import argparse
 import logging
 
+from app.common import outputs
 from app.common.errors import exit_on_user_error
 from app.common.version import __version__
 from app.training.plots import plot_runs
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs.png", help="PNG file to write (default: runs.png).")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = p.parse_args(argv)
+    read = [("RUN", r) for r in args.runs] + [("RUN", Path(r) / "metrics.jsonl") for r in args.runs]
+    outputs.check([outputs.file("--out", args.out)], read)  # before any work: no input written over
     logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
     curves = plot_runs(args.runs, Path(args.out))
     print(f"{len(curves)} run(s) plotted to {args.out}", flush=True)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.common import outputs
 from app.common.cli import field_docs
 from app.common.errors import report_user_error
 from app.common.version import __version__
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         cfg = parse(argv)
-    except ValueError as exc:
+        reads = [("--input", p) for p in cfg.inputs] + [("--tokenizer-model", cfg.tokenizer_model)]
+        outputs.check([outputs.folder("--out", cfg.out)], reads)  # before any work: no input in --out
+    except (ValueError, UserError) as exc:
         return report_user_error(exc)
     set_hub_timeouts()  # before datasets/huggingface_hub are imported
     _setup_logging(cfg.quiet)

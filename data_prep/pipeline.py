@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from app.common import faults, lifetime
+from app.common.files import atomic_write
 from app.common.logs import Progress, heartbeat
 from app.common.resources import available_memory, cap, cpu_limit, fmt_bytes
 from data_prep import buckets, documents, pieces, readers, shards, sources, splits
@@ -532,7 +533,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     del samples
     encode_s, encode_cpu_s, main_cpu_s = _encode(cfg, srcs, manifest, scan, tok, memory)
     meta = _meta(cfg, srcs, scan, manifest, tok, scan["empty_by_hash"], command)
-    (cfg.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    atomic_write(cfg.out / META_FILE, json.dumps(meta, indent=2) + "\n")  # last, whole: the data is done
     meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
         "total_s": time.perf_counter() - t_start,
         "scan_s": scan_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,8 @@ def join_features(parts: list[Path], widths: tuple[int, int], out: Path) -> None
             np.save(f, np.zeros((0, width), dtype=np.float32), allow_pickle=False)
         return
     arr = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(rows, width))
+    with out.open("r+b") as f:  # the room taken now: a full disk is ENOSPC here, not a SIGBUS in the copy
+        os.posix_fallocate(f.fileno(), 0, f.seek(0, 2))
     at = 0
     for p in parts:
         a = np.load(p, allow_pickle=False)

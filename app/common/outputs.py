@@ -151,7 +151,7 @@ def disk_errors(flag: str, path: str | Path, kept: str) -> Iterator[None]:
     `flag PATH`, the file, and `kept`: what was kept or removed and how to go on."""
     try:
         yield
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # OSError, or a library's own error carrying the OS's message (safetensors)
         words = disk_problem(e)
         if words is None:
             raise
@@ -298,6 +298,21 @@ def claim(
     if say is not None:
         say(f"{out.flag} {out.path} holds files mlstm-ds did not write: writing into {inner} instead")
     return inner
+
+
+def output_folder(
+    flag: str,
+    path: str | Path,
+    inputs: Iterable[tuple[str, str | Path | None]] = (),
+    sub: str | None = None,
+    legacy: Callable[[Path], bool] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """A command's output folder, before any work: `check`ed against `inputs`, then `claim`ed (through its
+    subfolder `sub` when it holds files we did not write) -> the folder to write into."""
+    out = Out(flag, Path(path), FOLDER)
+    check([out], inputs)
+    return claim(out, sub, legacy, say) if sub else out.path
 
 
 def _stage_for(final: Path) -> Path:
