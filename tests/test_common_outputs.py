@@ -153,13 +153,13 @@ class World:
     export: Path
     classifier: Path
     openai: Path  # model/0.npy ... 14.npy
-    data: Path  # prepared by data_prep (byte tokenizer)
+    data: Path  # prepared by data_prep (SentencePiece: a tokenizer.model)
     metrics_run: Path  # a run folder with metrics.jsonl only
     texts: Path  # a CSV of texts (id, text, label)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, prepared_byte_dir) -> World:
+def world(tmp_path_factory, prepared_dir) -> World:
     from test_checkpoints_consolidate import fake_checkpoint, tiny
     from test_checkpoints_import_openai import write_openai
     from test_classify import botchan_sentences, dialogue_rows, write_rows
@@ -185,7 +185,7 @@ def world(tmp_path_factory, prepared_byte_dir) -> World:
     )
     return World(
         run=root / "run", export=root / "export", classifier=root / "transfer" / "classifier",
-        openai=root / "openai", data=prepared_byte_dir, metrics_run=root / "metrics_run", texts=root / "test.csv",
+        openai=root / "openai", data=prepared_dir, metrics_run=root / "metrics_run", texts=root / "test.csv",
     )  # fmt: skip
 
 
@@ -233,8 +233,9 @@ def _user_files(u: Path, w: World) -> None:
     (u / "notes.txt").write_text("the user's notes, which no command may touch\n")
     (u / "shards").mkdir()
     shutil.copyfile(w.texts, u / "shards" / "part-00000.csv")
-    (u / "labels.csv").mkdir()  # a folder where a file is meant
-    (u / "labels.csv" / "keep.txt").write_text("mine")
+    for name in ("labels.csv", "f.npy"):  # folders where a file is meant
+        (u / name).mkdir()
+        (u / name / "keep.txt").write_text("mine")
     (u / "models").mkdir()
     shutil.copytree(w.run, u / "models" / "run")
     shutil.copytree(w.openai, u / "weights" / "openai")
@@ -277,12 +278,11 @@ REFUSED = {
     "classify --output is a folder": ("classify", lambda u, w, ro: [
         "--classifier", w.classifier, "--input", u / "texts.csv", "--output", u / "labels.csv"]),  # IsADirectoryError
     "classify --features-out is a folder": ("classify", lambda u, w, ro: [
-        "--checkpoint", w.run, "--input", u / "texts.csv", "--features-out", u / "shards"]),
+        "--checkpoint", w.run, "--input", u / "texts.csv", "--features-out", u / "f.npy"]),
     "generate --output is a folder": ("generate", lambda u, w, ro: [
         "--checkpoint", w.run, "--prompt", "The ", "--max-new-tokens", "4", "--output", u / "labels.csv"]),
     "evaluate --out is a folder": ("evaluate", lambda u, w, ro: [
         "--checkpoint", w.run, "--text", u / "notes.txt", "--out", u / "labels.csv"]),
-    "export --out is a file": ("export", lambda u, w, ro: ["--checkpoint", w.run, "--out", u / "notes.txt"]),
     "import --out is a file": ("import", lambda u, w, ro: ["--from", "openai", w.openai, "--out", u / "notes.txt"]),
     "transfer --out is a file": ("transfer", lambda u, w, ro: [
         "--checkpoint", w.run, "--train", w.texts, "--test", w.texts, "--out", u / "notes.txt"]),
@@ -456,6 +456,32 @@ def test_classify_onto_a_full_disk_is_one_line_and_the_rerun_resumes(world, smal
     assert command("classify")(run) == 0
     assert "4 of 4 chunks from an earlier run" in capsys.readouterr().out
     assert (mnt / "labels.csv").read_bytes() == (tmp_path / "ref.csv").read_bytes()
+
+
+def test_features_onto_a_full_disk_are_one_line_not_a_crash(world, small_disk, tmp_path):
+    """--features-out is joined through a memory map: on a full disk the pages it writes have no room, and
+    at 087d2a2 the process died of SIGBUS (no line, no exit status of ours). Its room is now taken before
+    the copy: one line, the parts kept. A separate process: a SIGBUS would end the test runner."""
+    mnt, fill = small_disk
+    fill(8 << 10)
+    argv = ["--checkpoint", world.run, "--input", world.texts, "--features-out", mnt / "f.npy"]
+    argv += ["--work-dir", tmp_path / "work"]
+    code = "import sys; from app.classify import main; sys.exit(main(sys.argv[1:]))"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(
+        [sys.executable, "-c", code, *map(str, argv)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1, (p.returncode, p.stderr[-3000:])
+    assert f"--features-out {mnt / 'f.npy'}: no space left on the device" in errors[0], errors[0]
+    assert sorted(q.name for q in mnt.iterdir()) == ["filler"]
+    assert list((tmp_path / "work").glob("part-*.npy"))  # kept for the rerun
 
 
 @pytest.mark.parametrize("name", ["export", "import"])

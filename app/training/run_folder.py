@@ -18,7 +18,7 @@ SUBFOLDER = "run"
 
 def _earlier_run(path: Path) -> bool:
     """A run folder of a version from before the mark."""
-    return (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file()
+    return any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "run.lock"))
 
 
 def claim_run_folder(cfg: TrainConfig) -> None:
