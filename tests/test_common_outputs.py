@@ -257,6 +257,8 @@ REFUSED = {
         "--checkpoint", u / "models" / "run", "--out", u / "models" / "run"]),  # export files into the run
     "import --out is --from": ("import", lambda u, w, ro: [
         "--from", "openai", u / "weights" / "openai", "--out", u / "weights" / "openai"]),
+    "transfer --out is --checkpoint": ("transfer", lambda u, w, ro: [
+        "--checkpoint", u / "models" / "run", "--train", w.texts, "--test", w.texts, "--out", u / "models" / "run"]),
     "train --out is --data": ("train", lambda u, w, ro: [
         "--data", u / "project" / "data", "--out", u / "project" / "data", *TRAIN_FLAGS]),  # a run in the data
     # an output folder that holds an input
