@@ -32,14 +32,31 @@ if __package__ in (None, ""):  # run as a script (by the deepspeed launcher too)
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from app.classifying.config import ClassifyConfig
+from app.common import outputs
 from app.common.cli import parse_config
 from app.common.errors import exit_on_user_error
 from app.common.logs import setup_logging
 
 
+def classify_paths(cfg: ClassifyConfig) -> tuple[list, list]:
+    """(what the command writes, what it reads), for app.common.outputs.check."""
+    work = cfg.work_dir or f"{cfg.output or cfg.features_out}.parts"
+    writes = [
+        outputs.file("--output", cfg.output),
+        outputs.file("--features-out", cfg.features_out),
+        outputs.folder("--work-dir", work),
+    ]
+    return writes, [
+        ("--input", cfg.input),
+        ("--classifier", cfg.classifier),
+        ("--checkpoint", cfg.checkpoint),
+    ]
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ClassifyConfig, argv, __doc__, launcher=True)
+    outputs.check(*classify_paths(cfg))  # before any work: no input overwritten, every output writable
     setup_logging(cfg.verbose)
     from app.classifying.run import Classify, summary  # torch and the model only for a valid request
 

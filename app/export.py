@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from app.checkpoints.export_format import WEIGHTS_FILE, read_export_config, write_export
+from app.checkpoints.export_format import WEIGHTS_FILE, is_our_export, read_export_config, write_export
 from app.checkpoints.hf_check import check_hf_export
 from app.checkpoints.hf_format import hf_config, hf_files, import_transformers
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.model_card import model_card
 from app.checkpoints.run_info import read_run_info
+from app.common import outputs
 from app.common.cli import parse_config
 from app.common.errors import UserError, exit_on_user_error
 from app.common.logs import heartbeat
@@ -44,7 +45,8 @@ class ExportConfig:
     """A run directory (its latest complete checkpoint), <run>/best (the checkpoint with the lowest validation
     loss), its checkpoints/ folder, or one step_XXXXXXXX folder."""
     out: str = ""
-    """Folder to write (created; existing export files in it are replaced)."""
+    """Folder to write: created whole, or an earlier export's files replaced (a folder holding files
+    mlstm-ds did not write gets the export in its subfolder export/)."""
     check_hf: bool = False
     """Then load the folder with transformers (AutoModelForCausalLM, AutoTokenizer; the optional extra hf)
     and compare its logits and token ids with this repository's on random ids and a probe text."""
@@ -102,6 +104,11 @@ def _say(line: str) -> None:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ExportConfig, argv, __doc__)
+    cfg.out = str(
+        outputs.output_folder(
+            "--out", cfg.out, [("--checkpoint", cfg.checkpoint)], "export", is_our_export, _say
+        )
+    )
     if cfg.check_hf:
         import_transformers("--check-hf")  # a missing extra fails before any work
     out = export(cfg.checkpoint, cfg.out)

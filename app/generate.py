@@ -28,18 +28,24 @@ import itertools
 import json
 
 from app.checkpoints.loader import open_source
+from app.common import outputs
 from app.common.cli import parse_config
-from app.common.errors import UserError, exit_on_user_error
+from app.common.errors import exit_on_user_error
 from app.common.resources import steady_heap
 from app.generation.config import GenerateConfig, bound, pick_device, read_prompts
 from app.generation.decoder import Decoder
 from app.generation.interactive import Session, read_lines, run_session
 from app.generation.stream import generate
 
+NOT_WRITTEN = "nothing was written under that name: free some space and run again"
+
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
+    outputs.check(
+        [outputs.file("--output", cfg.output)], [("--checkpoint", cfg.checkpoint), ("--prompts", cfg.prompts)]
+    )
     steady_heap()  # memory its estimates bound (app.common.resources)
     prompts = [] if cfg.interactive else read_prompts(cfg, sys.stdin)
     said: list[str] = []  # auto's choice, said once the checkpoint has loaded (a bad one is one line)
@@ -73,11 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"\n===== sample {rec['row']} ({rec['stop']}) =====\n{rec['prompt']}{rec['text']}", flush=True
             )
     if cfg.output:
-        try:
-            with open(cfg.output, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(rec) + "\n" for rec in records)
-        except OSError as e:
-            raise UserError(f"--output {cfg.output}: cannot write ({e})") from None
+        with outputs.disk_errors("--output", cfg.output, NOT_WRITTEN), outputs.new_file(cfg.output) as tmp:
+            tmp.write_text("".join(json.dumps(rec) + "\n" for rec in records), encoding="utf-8")
     r0 = records[0]
     n = sum(len(r["tokens"]) for r in records)
     print(
@@ -90,15 +93,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def interactive(cfg: GenerateConfig, session: Session) -> int:
-    """The prompt loop; --prompt (if given) is the first turn. Each turn's record goes to --output at once."""
-    try:
-        sink = open(cfg.output, "w", encoding="utf-8") if cfg.output else contextlib.nullcontext()  # noqa: SIM115
-    except OSError as e:
-        raise UserError(f"--output {cfg.output}: cannot write ({e})") from None
+    """The prompt loop; --prompt (if given) is the first turn. Each turn's record is written as it ends, to a
+    temporary file that becomes --output when the session ends."""
     turns = read_lines(sys.stdin, sys.stderr)
     if cfg.prompt is not None:
         turns = itertools.chain([cfg.prompt], turns)
-    with sink as f:
+    with contextlib.ExitStack() as stack:
+        f = None
+        if cfg.output:  # the session's records, renamed to --output when it ends (whole or absent)
+            stack.enter_context(outputs.disk_errors("--output", cfg.output, NOT_WRITTEN))
+            f = stack.enter_context(
+                open(stack.enter_context(outputs.new_file(cfg.output)), "w", encoding="utf-8")
+            )
 
         def on_turn(rec: dict) -> None:
             if f is not None:

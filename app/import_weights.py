@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script: import the repo, not app/
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.common import outputs
 from app.common.cli import flag, parse_config
 from app.common.errors import exit_on_user_error
 from app.common.numbers import check_numbers
@@ -35,7 +36,8 @@ class ImportConfig:
     """What to import: openai DIR (0.npy ... 14.npy, or DIR/model/) or sentiment-discovery FILE.pt (`from:
     [KIND, PATH]` in a --config file)."""
     out: str = ""
-    """Folder to write the export to (created; existing export files in it are replaced)."""
+    """Folder to write the export to: created whole, or an earlier export's files replaced (a folder holding
+    files mlstm-ds did not write gets it in its subfolder import/)."""
     feature_preprocess: Literal["openai", "none"] = "openai"
     """How app/transfer.py prepares a text before featurizing it with this model, recorded in the export's
     config.json: `openai` reads [BOS] + " " + text + " " (HTML entities unescaped, newlines as spaces,
@@ -91,9 +93,18 @@ def run(cfg: ImportConfig) -> str:
     )
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ImportConfig, argv, __doc__)
+    from app.checkpoints.export_format import is_our_export
+
+    cfg.out = str(
+        outputs.output_folder("--out", cfg.out, [("--from", cfg.path)], "import", is_our_export, _say)
+    )
     if cfg.check_hf:
         from app.checkpoints.hf_format import import_transformers
 

@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # run as a script: import the repo, not app/
 import logging
 from dataclasses import dataclass, field
 
+from app.common import outputs
 from app.common.cli import flag, parse_config
 from app.common.errors import exit_on_user_error
 from app.training.plots import plot_runs
@@ -39,6 +40,8 @@ class PlotConfig:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(PlotConfig, argv, __doc__)
+    read = [("RUN", r) for r in cfg.runs] + [("RUN", Path(r) / "metrics.jsonl") for r in cfg.runs]
+    outputs.check([outputs.file("--out", cfg.out)], read)  # before any work: no input written over
     logging.basicConfig(format="%(levelname)s %(message)s")  # not setup_logging: no DeepSpeed import here
     curves = plot_runs(cfg.runs, Path(cfg.out))
     print(f"{len(curves)} run(s) plotted to {cfg.out}", flush=True)

@@ -20,6 +20,7 @@ import json
 from app.common.errors import exit_on_user_error
 from app.parallel.runtime import exit_on_lost_peer
 from app.training.args import parse_args
+from app.training.run_folder import claim_run_folder, mark_run_folder
 from app.training.trainer import Trainer
 
 
@@ -27,6 +28,7 @@ from app.training.trainer import Trainer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__)
+    claim_run_folder(args.cfg)  # before any work: --out holds no input, is ours (or a subfolder of it)
     trainer = Trainer(args.cfg, args.deepspeed, args.model_overrides)
     if trainer.rank == 0:
         for note in args.notes:
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         if trainer.rank == 0:
             print(json.dumps(trainer.resolved, indent=1, default=str))
         return 0
+    if trainer.rank == 0:
+        mark_run_folder(args.cfg)
     trainer.setup()
     return trainer.fit()
 

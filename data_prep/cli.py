@@ -11,6 +11,7 @@ import shlex
 import sys
 import time
 
+from app.common import outputs
 from app.common.cli import parse_config
 from app.common.errors import exit_on_user_error
 from data_prep.config import PrepConfig
@@ -48,6 +49,8 @@ def parse(argv: list[str] | None) -> PrepConfig:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg = parse(argv)
+    reads = [("--input", p) for p in cfg.inputs] + [("--tokenizer-model", cfg.tokenizer_model)]
+    outputs.check([outputs.folder("--out", cfg.out)], reads)  # before any work: no input in --out
     set_hub_timeouts()  # before datasets/huggingface_hub are imported
     _setup_logging(cfg.quiet)
     from data_prep.pipeline import run

@@ -28,6 +28,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from app.common.files import atomic_write
 from app.common.logs import Progress
 from data_prep import shards, sources
 from data_prep.bounds import memory_bounds
@@ -90,7 +91,7 @@ def _run(cfg: PrepConfig, command: str) -> dict[str, Any]:
     del samples
     encode_s, encode_cpu_s, main_cpu_s = second_pass(cfg, srcs, manifest, scan, tok, memory)
     meta = meta_of(cfg, srcs, scan, manifest, tok, scan["empty_by_hash"], command)
-    (cfg.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    atomic_write(cfg.out / META_FILE, json.dumps(meta, indent=2) + "\n")  # last, whole: the data is done
     meta["_timings"] = {  # in-memory only (not written): for the benchmark and the summary
         "total_s": time.perf_counter() - t_start,
         "scan_s": scan_s,

@@ -16,6 +16,7 @@ parent only appends bytes, and a file is closed and hashed at a point we choose.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,12 +30,13 @@ import numpy as np
 from app.common.handed import member
 from data_prep import pieces
 from data_prep.errors import UserError
-from data_prep.format import INPUTS_FILE, MANIFEST_FILE, META_FILE, SPLITS, shard_features
+from data_prep.format import INPUTS_FILE, MANIFEST_FILE, META_FILE, SPLITS, TOKENIZER_FILE, shard_features
 from data_prep.integrity import file_digest
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 2  # 2: shard digests are XXH3-128 (were SHA-256)
 SPOOL_DIR = ".spool"
+SHARD_GLOB = "[0-9][0-9][0-9][0-9][0-9].arrow"  # a split folder's shard files (f"{index:05d}.arrow")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -43,9 +45,23 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+OUR_FILES = (META_FILE, MANIFEST_FILE, INPUTS_FILE, TOKENIZER_FILE)
+
+
 def _clear(out: Path) -> None:
-    for p in out.iterdir():
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    """--overwrite: what data prep writes (its JSON files, the tokenizer, the shards, the spool), and only
+    that: a file someone else put in the folder stays (app.common.outputs: we delete only our own)."""
+    for name in OUR_FILES:
+        for p in (out / name, out / f"{name}.tmp"):
+            p.unlink(missing_ok=True)
+    shutil.rmtree(out / SPOOL_DIR, ignore_errors=True)
+    for split in SPLITS:
+        folder = out / split
+        if folder.is_dir() and not folder.is_symlink():
+            for p in folder.glob(SHARD_GLOB):
+                p.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def open_out(
@@ -132,7 +148,7 @@ def keep_finished(out: Path, manifest: dict[str, Any]) -> int:
     for name in SPLITS:
         d = out / name
         if d.is_dir():
-            for p in d.iterdir():
+            for p in d.glob(SHARD_GLOB):  # the shard files we write, nothing else
                 if f"{name}/{p.name}" not in listed:
                     p.unlink()
     _write_json(out / MANIFEST_FILE, manifest)

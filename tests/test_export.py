@@ -10,6 +10,7 @@ import torch
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
 from app.checkpoints.loader import open_source
+from app.common import outputs
 from app.export import load_exported
 from app.export import main as export_main
 from app.model.lm import InferenceModel
@@ -25,7 +26,8 @@ HF_FILES = {
 def exported_equals_checkpoint(ckpt_path, out_dir) -> None:
     """The exported model's logits equal those of the checkpoint's own converted weights."""
     assert export_main(["--checkpoint", str(ckpt_path), "--out", str(out_dir)]) == 0
-    names = {p.name for p in out_dir.iterdir()}
+    names = {p.name for p in out_dir.iterdir()} - {outputs.MARK}
+    assert set(outputs.read_mark(out_dir)["files"]) == names  # what a later export may replace
     assert names - HF_FILES in (
         {"config.json", "model.safetensors"},
         {"config.json", "model.safetensors", "tokenizer.model"},

@@ -342,7 +342,7 @@ def test_build_failure_falls_back_with_one_warning(tmp_path):
         "except RuntimeError as e:\n"
         "    print('fused error:', e)\n"
     )
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, MLSTM_CACHE_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
     p = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -396,16 +396,16 @@ def test_prefill_from_zero_state_on_the_fused_loop_equals_the_python_one(dtype):
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_one(tmp_path):
     """torch's JIT build waits forever on a `lock` file a killed build left behind (seen here: every later
     launch hung). A copy of the built extension with such a file must still load, in a fresh process."""
-    from app.common.toolchain import build_directory
+    from app.common.toolchain import cache_dir
 
     if fused_core.fused_ops() is None:
         pytest.skip(f"the fused core did not build here: {fused_core.build_error()}")
-    src = build_directory(fused_core.EXTENSION)
-    dst = tmp_path / src.parent.name / src.name
+    src = fused_core.build_folder()
+    dst = tmp_path / src.relative_to(cache_dir())
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", "build.flock"))
     (dst / "lock").touch()  # what a build killed between torch's try_acquire and release leaves
     code = "from app.model import fused_core; print('ops', fused_core.fused_ops() is not None)"
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, MLSTM_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     p = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

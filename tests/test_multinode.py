@@ -126,7 +126,7 @@ def test_hostfile_p2_on_two_nodes_matches_single_node_and_keeps_keys_out_of_logs
     cmd, e = hostfile_launch(
         ssh_cluster, ssh_cluster.hostfile(tmp_path / "hostfile"), prepared_dir, out, *REF_ARGS,
         "--wandb-mode", "offline", WANDB_API_KEY=FAKE_WANDB_KEY, HOME=str(home),
-        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions")),
+        MLSTM_CACHE_DIR=os.environ.get("MLSTM_CACHE_DIR", str(Path.home() / ".cache/mlstm-ds")),  # our builds
     )  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     log = p.stdout + p.stderr

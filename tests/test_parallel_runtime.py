@@ -43,13 +43,13 @@ def test_a_lock_left_by_a_killed_comm_op_build_does_not_hang_the_next_launch(tmp
 
     from launcher import ROOT
 
-    from app.common.toolchain import torch_extension_directory
+    from app.common.toolchain import build_directory, cache_dir, extensions_root
 
-    built = torch_extension_directory("deepspeed_shm_comm")  # by the session fixture (tests/conftest.py)
-    root = tmp_path / "extensions"
+    built = build_directory("deepspeed_shm_comm")  # by the session fixture (tests/conftest.py)
+    root = tmp_path / "cache" / extensions_root().relative_to(cache_dir())  # our folder, in a fresh cache
     shutil.copytree(built, root / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock", "*.flock"))
     (root / "deepspeed_shm_comm" / "lock").touch()  # what a killed build leaves
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "MASTER_PORT": "29871"}
+    env = {**os.environ, "MLSTM_CACHE_DIR": str(tmp_path / "cache"), "MASTER_PORT": "29871"}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE"):
         env.pop(k, None)
     code = "from app.parallel.runtime import init_distributed; init_distributed(); print('started')"

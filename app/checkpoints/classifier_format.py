@@ -85,7 +85,7 @@ def write_classifier(
         **({FEATURE_PREPROCESS_KEY: preprocess} if preprocess != "none" else {}),
     }
     files = {**hf_files(tok_meta, preprocess), "README.md": _card(meta).encode()}
-    write_export(out, tensors, config, src.tokenizer_path, files)
+    write_export(out, tensors, config, src.tokenizer_path, files, program="mlstm-transfer")
     return out
 
 

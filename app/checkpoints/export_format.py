@@ -19,8 +19,9 @@ import shutil
 from pathlib import Path
 
 from app.checkpoints.consolidate import StateDict, check_state_dict
+from app.common import outputs
 from app.common.errors import UserError
-from app.common.files import atomic_write, read_json_object
+from app.common.files import read_json_object
 from app.model.config import ModelConfig
 
 EXPORT_FORMAT = "mlstm-ds-export"
@@ -102,24 +103,52 @@ def read_weights(d: Path, model_cfg: ModelConfig) -> StateDict:
     return sd
 
 
+EXPORT_FILES = (
+    WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE, "README.md", "configuration_mlstm.py", "modeling_mlstm.py",
+    "tokenization_mlstm.py", "tokenizer_config.json", "generation_config.json",
+)  # fmt: skip  # what write_export writes: in a folder of ours from before app.common.outputs' mark
+
+
+def is_our_export(p: Path) -> bool:
+    """An export or classifier folder this program wrote (its config says so): one it may write over."""
+    if not is_export_dir(p):
+        return False
+    try:
+        return json.loads((p / CONFIG_FILE).read_text()).get("format") in (EXPORT_FORMAT, CLASSIFIER_FORMAT)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def write_export(
-    out: Path, sd: StateDict, config: dict, tokenizer_path: Path | None, files: dict[str, bytes] | None = None
+    out: Path,
+    sd: StateDict,
+    config: dict,
+    tokenizer_path: Path | None,
+    files: dict[str, bytes] | None = None,
+    program: str = "mlstm-export",
+    flag: str = "--out",
 ) -> None:
-    """Write (or replace) the export files in `out`, plus `files` (name -> content). The config goes last,
-    so a folder that passes `is_export_dir` holds completely written weights and files."""
-    from safetensors.torch import save
+    """Write (or replace) the export folder `out`, plus `files` (name -> content), whole or not at all
+    (app.common.outputs.new_folder): a new folder is built beside it and renamed into place, or an existing
+    export's files are replaced with the config last, so a folder that passes `is_export_dir` holds
+    completely written weights and files. A full disk is one line naming `flag`; nothing half-written
+    stays."""
+    from safetensors.torch import save_file
 
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).unlink(missing_ok=True)
+        raise UserError(f"{flag} {out}: exists and is not a folder")
     sd = {k: v.contiguous() for k, v in sd.items()}
-    atomic_write(out / WEIGHTS_FILE, save(sd, metadata={"format": EXPORT_FORMAT}))
-    if tokenizer_path is not None:
-        shutil.copyfile(tokenizer_path, out / TOKENIZER_FILE)
-    else:
-        (out / TOKENIZER_FILE).unlink(missing_ok=True)
-    for name, data in (files or {}).items():
-        atomic_write(out / name, data)
     config = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **config}
-    atomic_write(out / CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))
+    kept = (
+        "nothing was written under that name (the partial folder is removed): free some space and run again"
+    )
+    with (
+        outputs.disk_errors(flag, out, kept),
+        outputs.new_folder(out, program, CONFIG_FILE, EXPORT_FILES, is_our_export) as stage,
+    ):
+        save_file(sd, str(stage / WEIGHTS_FILE), metadata={"format": EXPORT_FORMAT})
+        if tokenizer_path is not None:
+            shutil.copyfile(tokenizer_path, stage / TOKENIZER_FILE)
+        for name, data in (files or {}).items():
+            (stage / name).write_bytes(data)
+        (stage / CONFIG_FILE).write_text(json.dumps(config, indent=1, sort_keys=True))

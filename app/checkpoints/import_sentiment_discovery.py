@@ -27,6 +27,7 @@ its own bias: it is loaded as an untied head, with that bias.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ import torch
 from app.checkpoints.importing import Imported, ImportedLayer, check_tensor
 from app.checkpoints.safety import load_weights_only
 from app.common.errors import UserError
+from app.common.resources import check_fits
 
 GATE_ORDER = (0, 1, 3, 2)  # our block k (i, f, o, u) is their block GATE_ORDER[k] (i, f, g, o)
 MATRICES = ("w_ih", "w_hh", "w_mih", "w_mhh")
@@ -151,8 +153,11 @@ def read_sentiment_discovery(path: Path, order: tuple[int, ...] = GATE_ORDER) ->
     obj = load_weights_only(
         path, [], "it holds more than tensors and plain containers",
         "mlstm-import reads a language model's state dict (torch.save(model.state_dict()))",
+        mmap=zipfile.is_zipfile(path),  # torch's zip format: the tensors map the file, nothing is allocated
     )  # fmt: skip
     tensors = flat_tensors(obj, path)
+    floats = sum(t.numel() for t in tensors.values())
+    check_fits(f"mlstm-import --from sentiment-discovery {path}", 3 * 4 * floats, "it needs more memory")
     emb = _required(tensors, path, "encoder.weight", "the byte embedding")
     if emb.dim() != 2 or emb.shape[0] not in (256, 257):
         raise UserError(

@@ -178,5 +178,6 @@ def write_import(imported: Imported, out: Path, preprocess: str) -> tuple[ModelC
     }
     card = model_card(cfg, tok_meta, parameters, None, None, RunInfo(), out.name or ".")
     card += "\n" + _origin_section(imported, preprocess)
-    write_export(out, sd, config, None, {**hf_files(tok_meta), "README.md": card.encode()})
+    files = {**hf_files(tok_meta), "README.md": card.encode()}
+    write_export(out, sd, config, None, files, program="mlstm-import")
     return cfg, parameters

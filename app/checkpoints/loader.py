@@ -25,7 +25,7 @@ from app.checkpoints.training import read_app_state, resolve_checkpoint_dir
 from app.common import handed
 from app.common.errors import UserError
 from app.common.files import check_tree_inside
-from app.common.resources import fmt_bytes
+from app.common.resources import available_memory, fmt_bytes
 from app.model.config import ModelConfig, matrix_parameters
 from app.model.lm import LanguageModel
 
@@ -88,6 +88,28 @@ def _model_cfg(d: object, where: Path) -> ModelConfig:
 
 
 MAX_LAYERS = 4096  # recurrent layers a handed-over config may state (the presets have 1 or 2)
+MAX_WIDTH = 1 << 20  # embed_dim and hidden_dim a handed-over config may state (OpenAI's model: 4096)
+
+
+def check_dimensions(cfg: ModelConfig, file: Path) -> None:
+    """The model's dimensions as `file` states them, each within its bound, before anything (a meta tensor
+    included: torch refuses to size hidden 10^9) is built from them."""
+    handed.count(cfg.num_layers, file, "model_config.num_layers", 1, MAX_LAYERS)
+    for name in ("embed_dim", "hidden_dim"):
+        handed.count(getattr(cfg, name), file, f"model_config.{name}", 1, MAX_WIDTH)
+
+
+def check_memory(cfg: ModelConfig, file: Path) -> None:
+    """The float32 weights `file`'s model config states fit in the memory this process may use."""
+    need, free = 4 * matrix_parameters(cfg), available_memory()
+    if free is not None and need > free:
+        raise handed.refuse(
+            file,
+            "model_config",
+            f"(vocab {cfg.vocab_size:,}, embed {cfg.embed_dim:,}, hidden {cfg.hidden_dim:,}, "
+            f"{cfg.num_layers:,} layers) needs {fmt_bytes(need)} for its float32 weights alone, and "
+            f"{fmt_bytes(free)} of memory is available",
+        )
 
 
 def check_sizes(src: Source, file: Path) -> Source:
@@ -101,9 +123,10 @@ def check_sizes(src: Source, file: Path) -> Source:
         raise handed.refuse(
             file, "model_config.vocab_size", f"is {cfg.vocab_size:,}, the tokenizer's {vocab:,}"
         )
-    handed.count(cfg.num_layers, file, "model_config.num_layers", 1, MAX_LAYERS)
+    check_dimensions(cfg, file)
     if src.kind == "export":
         check_shapes(weight_shapes(src.path), cfg, f"{src.path / WEIGHTS_FILE} (against {file})")
+        check_memory(cfg, file)
         return src
     need = 2 * matrix_parameters(cfg)
     have = sum(f.stat().st_size for f in src.path.rglob("*") if f.is_file())
@@ -115,6 +138,7 @@ def check_sizes(src: Source, file: Path) -> Source:
             f"{cfg.num_layers:,} layers) needs at least {fmt_bytes(need)} of weights (2 bytes a parameter); "
             f"the files of {src.path} hold {fmt_bytes(have)}",
         )
+    check_memory(cfg, file)
     return src
 
 

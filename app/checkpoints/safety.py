@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import pickle
-import struct
 from pathlib import Path
 
 import torch
@@ -53,8 +52,11 @@ def load_weights_only(path: Path, allowed: list, holds: str, hint: str, mmap: bo
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:  # weights_only refuses the first global it does not allow
         raise UserError(f"{path}: refused to load: {holds} ({_refusal(e)}); {hint}") from None
-    except (RuntimeError, OSError, EOFError, ValueError, struct.error, IndexError) as e:  # damaged bytes
+    except Exception as e:  # damaged bytes: unpickling garbage raises anything (KeyError: 101 for b"hello")
         first = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+        first = (
+            first if isinstance(e, (RuntimeError, OSError, ValueError)) else f"{type(e).__name__}: {first}"
+        )
         raise UserError(f"{path}: unreadable or corrupt checkpoint file ({first})") from None
 
 

@@ -12,26 +12,46 @@ A rerun of the same command (any number of ranks) skips the chunks whose .json e
 rest; chunks are the same whatever the ranks, so the joined output is byte for byte the uninterrupted
 run's. A manifest that does not match (another input, classifier or setting) is said in one line and the
 old parts are removed. The work folder is removed once the output is written.
+
+Only our files are ever deleted (app.common.outputs): the folder carries our mark, which lists the names
+we write (OWNED); a --work-dir that already holds files we did not write is used through its subfolder
+SUBFOLDER, and a --work-dir that holds the input is refused before any work (app/classify.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import numpy as np
 
+from app.common import outputs
 from app.common.errors import UserError
 from app.common.files import atomic_write
 
 MANIFEST = "manifest.json"
 VERSION = 1
+PROGRAM = "mlstm-classify"
+OWNED = (MANIFEST, "part-[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9].*")  # the names we write (and their .tmp)
+SUBFOLDER = "mlstm-classify.parts"
+
+
+def _earlier_work_dir(path: Path) -> bool:
+    """A work folder of a version from before the mark: its manifest is one of ours."""
+    try:
+        m = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and {"version", "input", "model", "chunk_rows"} <= set(m)
 
 
 class WorkDir:
-    def __init__(self, path: Path, key: dict, ext: str | None) -> None:
-        self.path, self.key, self.ext = Path(path), {"version": VERSION, **key}, ext
+    def __init__(self, path: Path, key: dict, ext: str | None, say=None) -> None:
+        """`path`: --work-dir (or its default); one that holds files we did not write is used through its
+        subfolder SUBFOLDER (said by `say`)."""
+        where = outputs.Out("--work-dir", Path(path), outputs.FOLDER)
+        self.path = outputs.claim(where, SUBFOLDER, _earlier_work_dir, say)
+        self.key, self.ext = {"version": VERSION, **key}, ext
 
     def _name(self, chunk: int, ext: str) -> Path:
         return self.path / f"part-{chunk:08d}.{ext}"
@@ -59,7 +79,7 @@ class WorkDir:
         -> the number of parts already done (a resumed run)."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--work-dir {self.path}: exists and is not a folder")
-        self.path.mkdir(parents=True, exist_ok=True)
+        outputs.ensure_marked(self.path, PROGRAM, OWNED)
         m = self.path / MANIFEST
         old = None
         if m.is_file():
@@ -93,7 +113,7 @@ class WorkDir:
             raise UserError(f"{m}: not this command's manifest (another run is using {self.path}?)")
 
     def _ours(self) -> list[Path]:
-        return sorted(p for p in self.path.glob("part-*") if p.is_file())
+        return [p for p in outputs.listed(self.path) if p.name != MANIFEST]
 
     def write(self, chunk: int, data: bytes | None, feats: np.ndarray | None, stats: dict) -> None:
         """A chunk's part (and features), then its record: the record says the part is whole."""
@@ -107,8 +127,5 @@ class WorkDir:
         atomic_write(self._name(chunk, "json"), json.dumps(stats))
 
     def remove(self) -> None:
-        for p in self._ours():
-            p.unlink()
-        (self.path / MANIFEST).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # a --work-dir that holds other files stays
-            self.path.rmdir()
+        """What the mark lists (parts, manifest), then the mark and the folder; other files stay."""
+        outputs.remove_listed(self.path)

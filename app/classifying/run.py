@@ -27,9 +27,9 @@ from app.classifying.config import ClassifyConfig
 from app.classifying.inputs import Input, Row
 from app.classifying.parts import WorkDir
 from app.classifying.writers import Columns, Rows, join_features, join_parts, part_bytes
+from app.common import outputs
 from app.common.errors import UserError
 from app.common.faults import hang_after_part
-from app.common.files import fsync_dir
 from app.common.logs import get_logger, progress_bar
 from app.common.resources import available_memory, cap, fmt_bytes
 from app.model.memory import activation_floats_per_token
@@ -39,8 +39,13 @@ from app.probing.finetune import pooled
 from app.probing.head import Head
 from app.probing.keep import load_head
 
+RESUME = "the finished parts are kept: free some space and run the same command again to resume"
 PROGRESS_EVERY_S = 30.0  # a progress line this often in a log (a bar on a terminal)
 NAMED_BAD_ROWS = 10  # bad rows named in the summary line (all are counted)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def folder_identity(path: Path) -> str:
@@ -83,7 +88,7 @@ class Classify:
         self.cols = self._columns()
         self.device = self._device()
         work = cfg.work_dir or f"{cfg.output or cfg.features_out}.parts"
-        self.work = WorkDir(Path(work), self._key(), cfg.output_kind())
+        self.work = WorkDir(Path(work), self._key(), cfg.output_kind(), _say if self.rank == 0 else None)
         self.log = get_logger()
 
     def _columns(self) -> Columns | None:
@@ -269,7 +274,8 @@ class Classify:
         self._barrier()
         self.work.check()
         t0 = time.perf_counter()
-        done = self._work(model)
+        with outputs.disk_errors("--work-dir", self.work.path, RESUME):
+            done = self._work(model)
         if self.world > 1:
             import torch.distributed as dist
 
@@ -287,18 +293,15 @@ class Classify:
         stats = [self.work.stats(c) for c in chunks]
         bad = [b for s in stats for b in s["bad"]]
         written = []
-        for path, join in (
-            (self.cfg.output, self._join_output),
-            (self.cfg.features_out, self._join_features),
+        for flag, path, join in (
+            ("--output", self.cfg.output, self._join_output),
+            ("--features-out", self.cfg.features_out, self._join_features),
         ):
             if path is None:
                 continue
             out = Path(path)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-            join(chunks, stats, tmp)
-            tmp.replace(out)
-            fsync_dir(out.parent)
+            with outputs.disk_errors(flag, out, RESUME), outputs.new_file(out) as tmp:  # whole or absent
+                join(chunks, stats, tmp)
             written.append(str(out))
         self.work.remove()
         return {

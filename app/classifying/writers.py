@@ -10,9 +10,12 @@ values are text there (JSON for a JSONL number or object).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +150,12 @@ def join_features(parts: list[Path], widths: tuple[int, int], out: Path) -> None
             np.save(f, np.zeros((0, width), dtype=np.float32), allow_pickle=False)
         return
     arr = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(rows, width))
+    with out.open("r+b") as f, contextlib.suppress(AttributeError):  # (no posix_fallocate: not Linux)
+        try:  # the room taken now: a full disk is ENOSPC here, not a SIGBUS in the copy below
+            os.posix_fallocate(f.fileno(), 0, f.seek(0, 2))
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a file system without it
+                raise
     at = 0
     for p in parts:
         a = np.load(p, allow_pickle=False)

@@ -11,6 +11,7 @@ that rank's number. The full traceback goes to a log file the line names, for bu
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import os
 import sys
@@ -20,6 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 EXIT_USER_ERROR = 2
+DISK_ERRORS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EFBIG: "the file is larger than the file system allows",
+}
 _log_dir: Path | None = None
 
 
@@ -103,9 +110,23 @@ def report_user_error(e: BaseException) -> int:
     return EXIT_USER_ERROR
 
 
+def disk_problem(e: BaseException) -> str | None:
+    """The words for a write that failed for lack of room or on a read-only file system (DISK_ERRORS); None
+    for any other error. Libraries that lose the errno (pyarrow, torch) still carry the OS's message."""
+    if isinstance(e, OSError) and e.errno in DISK_ERRORS:
+        return DISK_ERRORS[e.errno]
+    text = str(e)
+    for code, words in DISK_ERRORS.items():
+        if os.strerror(code) in text:
+            return words
+    return None
+
+
 def exit_on_user_error(fn: Callable[..., int]) -> Callable[..., int]:
     """Every entry point's `main`: `UserError` (data_prep's included) becomes `report_user_error`'s line and
-    exit status 2; any other exception propagates with its traceback (a bug must show)."""
+    exit status 2, and so does a write that found the disk full or read-only (the commands say what they
+    kept where they write: app.common.outputs; this is the net under them); any other exception propagates
+    with its traceback (a bug must show)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs) -> int:
@@ -113,5 +134,12 @@ def exit_on_user_error(fn: Callable[..., int]) -> Callable[..., int]:
             return fn(*args, **kwargs)
         except UserError as e:
             return report_user_error(e)
+        except OSError as e:
+            words = disk_problem(e)
+            if words is None:
+                raise
+            where = f" (writing {e.filename})" if getattr(e, "filename", None) else ""
+            fix = "write elsewhere" if e.errno == errno.EROFS else "free some space and run the command again"
+            return report_user_error(UserError(f"{words}{where}; {fix}"))
 
     return wrapper

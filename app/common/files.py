@@ -13,15 +13,20 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     """Write `path` so a crash leaves the old content or the new one, never a torn file.
 
     The temporary file is fsynced before the rename and the directory after it: without both, a power
-    loss can persist the rename but not the data (an empty "latest" pointer or manifest).
+    loss can persist the rename but not the data (an empty "latest" pointer or manifest). A write that
+    fails (a full disk) removes the temporary file and leaves `path` as it was.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no half-written temporary file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

@@ -22,6 +22,7 @@ from app.batching.run_data import open_prepared
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
+from app.common import outputs
 from app.common.errors import UserError
 from app.common.logs import Progress, get_logger, heartbeat
 from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
@@ -154,6 +155,9 @@ class Evaluator:
         """Everything that can be wrong with the request fails here, before any process group exists."""
         self.cfg = cfg
         self.src: Source = open_source(cfg.checkpoint)
+        self.out = Path(cfg.out) if cfg.out else default_out(self.src)
+        reads = [("--checkpoint", cfg.checkpoint), ("--data", cfg.data), *(("--text", t) for t in cfg.text)]
+        outputs.check([outputs.file("--out", self.out)], reads)  # no input written over; writable
         self.tokenizer = self.src.tokenizer()
         self.data = self.store = None
         if cfg.data is not None:
@@ -343,7 +347,7 @@ class Evaluator:
     def report(self, result: dict, rows: list[dict], log) -> None:
         """Rank 0 prints the table and writes the JSON; every rank then refuses a non-finite loss."""
         if self.rank == 0:
-            out = Path(self.cfg.out) if self.cfg.out else default_out(self.src)
+            out = self.out
             lay = self.src.trained_layout
             trained = f"P={lay['stages']} x DP={lay['data_parallel']}" if lay else "?"
             print(
@@ -356,10 +360,12 @@ class Evaluator:
                 flush=True,
             )
             try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(result, indent=1))
+                with outputs.new_file(out) as tmp:  # whole or absent
+                    tmp.write_text(json.dumps(result, indent=1))
             except OSError as e:
-                raise UserError(f"--out {out}: cannot write ({e.strerror or e})") from None
+                raise UserError(
+                    f"--out {out}: cannot write ({outputs.disk_problem(e) or e.strerror or e})"
+                ) from None
             log.info(f"results (trained {trained}) written to {out}")
         for r in rows:
             if not math.isfinite(r["loss"]):

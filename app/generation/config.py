@@ -42,7 +42,8 @@ class GenerateConfig:
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     output: str | None = None
-    """Also write every sample as a JSON line (prompt, text, tokens, stop reason) to this file."""
+    """Also write every sample as a JSON line (prompt, text, tokens, stop reason) to this file (written
+    whole under a temporary name, then renamed; an existing file is replaced only then)."""
     interactive: bool = False
     """A prompt loop on stdin, one line a turn, keeping the recurrent state: each reply continues everything
     so far. An empty line lets the model go on; Ctrl-C stops a reply; Ctrl-D (end of input) ends. --prompt

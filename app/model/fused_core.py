@@ -33,8 +33,10 @@ The op's (T, B, .) buffers come from a small pool in the extension: torch's CPU 
 tensors fresh pages every step, and faulting them in cost 5-14 ms of a ~100 ms step.
 
 Build: on first use with torch.utils.cpp_extension.load (ninja), the way DeepSpeed JIT-builds its ops,
-cached under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); a failed build logs ONE warning
-and the Python core runs instead. No -march=native: the cache may be shared by machines with different
+cached in a folder of ours (app/common/toolchain.py: $MLSTM_CACHE_DIR/torch_extensions/..., default
+~/.cache/mlstm-ds/...), one per checkout of these sources (two checkouts at different paths would
+otherwise rebuild over each other's build, each finding the other's source paths in build.ninja); a
+failed build logs ONE warning and the Python core runs instead. No -march=native: the cache may be shared by machines with different
 CPUs, so every kernel is compiled for AVX-512, AVX2+FMA and SSE2 (own vector width and register tiles
 each) and the best level the CPU has is picked at load (`set_isa` lowers it: the tests run all three);
 see the C++ file's header.
@@ -57,6 +59,7 @@ GPU design (built in app/model/triton_core.py, which follows it; the CPU op has 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -82,13 +85,19 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ops": the loaded op namespace, or "error": why it did not build
 
 
+def build_folder() -> Path:
+    """This checkout's build of the extension: its name and a digest of where its sources are."""
+    where = hashlib.sha256(str(_CSRC.resolve()).encode()).hexdigest()[:10]
+    return build_directory(f"{EXTENSION}-{where}")
+
+
 def _build() -> None:
     from torch.utils.cpp_extension import load
 
     use_environment_scripts()  # this environment's ninja, whatever the shell's PATH (app/common/toolchain.py)
     # -fno-trapping-math lets GCC if-convert the clamps/selects in the activations so the loops
     # vectorise; it changes no result (we never enable FP traps).
-    folder = build_directory(EXTENSION)
+    folder = build_folder()
     with build_lock(folder):  # a build killed earlier must not leave every later one waiting
         load(
             name=EXTENSION,

@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+from app.common.toolchain import prebuild_deepspeed_op
+
 
 def _prebuilt() -> bool:
     try:
@@ -36,7 +38,9 @@ def build_fused_adam() -> str | None:
     try:
         from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
 
-        FusedAdamBuilder().load(verbose=False)
+        prebuild_deepspeed_op(
+            FusedAdamBuilder()
+        )  # in our folder, under our build lock (app/common/toolchain)
     except Exception as e:  # any build failure: no nvcc, an arch list it cannot parse, a compiler error
         lines = str(e).strip().splitlines()
         return f"{type(e).__name__}: {lines[-1][:200] if lines else ''}".rstrip(": ")

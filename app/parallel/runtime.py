@@ -27,7 +27,7 @@ from app.common.errors import peer_reported, write_traceback
 from app.common.lifetime import die_with_parent
 from app.common.logs import get_logger, library_prints
 from app.common.resources import usable_cpus
-from app.common.toolchain import prebuild_deepspeed_op, use_environment_scripts
+from app.common.toolchain import prebuild_deepspeed_op, use_environment_scripts, use_own_extensions_dir
 
 # Ancestors at which the launcher watch stops: the DeepSpeed runner (local launches), the ssh session
 # (pdsh launches: it ends when the launching node's pdsh/ssh dies) and Slurm's step daemon.
@@ -111,6 +111,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     secrets = load_secrets()
     use_environment_scripts()  # DeepSpeed JIT-builds its CPU comm op below, with ninja from PATH
+    use_own_extensions_dir()  # ... and every op it builds, in a folder of ours (app/common/toolchain.py)
     if launched:
         watch_launcher(grace_s=timeout_s or 600.0)
     backend = get_accelerator().communication_backend_name()

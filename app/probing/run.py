@@ -9,6 +9,7 @@ import numpy as np
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
+from app.common import outputs
 from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.files import atomic_write
@@ -37,6 +38,22 @@ def default_out(src: Source) -> Path:
         return src.path / "transfer"
     run = src.path.parent.parent if src.path.parent.name == "checkpoints" else src.path.parent
     return run / "transfer" / src.path.name
+
+
+OUT_FILES = ("transfer.json", "top_neuron_hist.png", "top_neuron_text.png")  # and features/, classifier/
+
+
+def transfer_folder(cfg: TransferConfig, default: Path) -> Path:
+    """--out (or `default`, beside the checkpoint) checked before any work: it holds no input, it can be
+    written, and one that holds files we did not write is used through its subfolder transfer/."""
+    reads = [("--checkpoint", cfg.checkpoint), ("--train", cfg.train), ("--test", cfg.test)]
+    reads.append(("--validation", cfg.validation))
+    done = ("transfer.json", "features", "classifier")  # a transfer folder from before the mark
+
+    def earlier(p: Path) -> bool:
+        return any((p / n).exists() for n in done)
+
+    return outputs.output_folder("--out", cfg.out or default, reads, "transfer", earlier, _progress)
 
 
 def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
@@ -80,7 +97,7 @@ class Transfer:
         )
         sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
         self.y = {name: self.classes.encode(data, name) for name, data in sets.items()}
-        self.out = Path(cfg.out) if cfg.out else default_out(self.src)
+        self.out = transfer_folder(cfg, default_out(self.src))  # app.common.outputs: before any work
         try:
             self.layers = parse_layers(cfg.layer, self.src.model_cfg.num_layers)
         except ValueError as e:
@@ -299,6 +316,7 @@ class Transfer:
         c = self.cfg
         device = self.device.type
         model = self.src.load_model(device)
+        outputs.ensure_marked(self.out, "mlstm-transfer", OUT_FILES)
         feats = self.featurize_all(model)
         kind, probe, mean, scale, best_val = self._probe(feats)
         tr_idx, val_idx = self._split()

@@ -1,0 +1,33 @@
+"""The run folder (--out) checked before any work, through app.common.outputs: it holds no input (--data,
+--init-from, --sample-prompts), it can be written, and it holds no files mlstm-ds did not write; a folder
+that does gets the run in its subfolder run/ (said once), never a user's config.json or metrics.jsonl
+written over. Rank 0 marks the folder as ours before the first file of the run is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from app.common import outputs
+from app.training.config import TrainConfig
+
+PROGRAM = "mlstm-train"
+RUN_FILES = ("config.json", "metrics.jsonl", "run.lock")  # a run's top-level files (the rest are folders)
+SUBFOLDER = "run"
+
+
+def _earlier_run(path: Path) -> bool:
+    """A run folder of a version from before the mark."""
+    return any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "run.lock"))
+
+
+def claim_run_folder(cfg: TrainConfig) -> None:
+    """Every rank, before any work: `cfg.out` checked, and set to the folder the run writes into."""
+    say = print if os.environ.get("RANK", "0") == "0" else None
+    inputs = [("--data", cfg.data), ("--init-from", cfg.init_from), ("--sample-prompts", cfg.sample_prompts)]
+    cfg.out = str(outputs.output_folder("--out", cfg.out, inputs, SUBFOLDER, _earlier_run, say))
+
+
+def mark_run_folder(cfg: TrainConfig) -> None:
+    """Rank 0, once the request is accepted: the folder created and marked as a run of ours."""
+    outputs.ensure_marked(Path(cfg.out), PROGRAM, RUN_FILES)
