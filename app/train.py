@@ -28,8 +28,8 @@ from app.training.trainer import Trainer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__)
-    claim_run_folder(args.cfg)  # before any work: --out holds no input, is ours (or a subfolder of it)
-    trainer = Trainer(args.cfg, args.deepspeed, args.model_overrides)
+    cfg = claim_run_folder(args.cfg)  # before any work: --out holds no input, is ours (or a subfolder of it)
+    trainer = Trainer(cfg, args.deepspeed, args.model_overrides)
     if trainer.rank == 0:
         for note in args.notes:
             trainer.log.info(note)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(trainer.resolved, indent=1, default=str))
         return 0
     if trainer.rank == 0:
-        mark_run_folder(args.cfg)
+        mark_run_folder(cfg)
     trainer.setup()
     return trainer.fit()
 

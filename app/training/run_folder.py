@@ -5,6 +5,7 @@ written over. Rank 0 marks the folder as ours before the first file of the run i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -21,11 +22,12 @@ def _earlier_run(path: Path) -> bool:
     return any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "run.lock"))
 
 
-def claim_run_folder(cfg: TrainConfig) -> None:
-    """Every rank, before any work: `cfg.out` checked, and set to the folder the run writes into."""
+def claim_run_folder(cfg: TrainConfig) -> TrainConfig:
+    """Every rank, before any work: `cfg.out` checked -> the config with the folder the run writes into."""
     say = print if os.environ.get("RANK", "0") == "0" else None
     inputs = [("--data", cfg.data), ("--init-from", cfg.init_from), ("--sample-prompts", cfg.sample_prompts)]
-    cfg.out = str(outputs.output_folder("--out", cfg.out, inputs, SUBFOLDER, _earlier_run, say))
+    out = outputs.output_folder("--out", cfg.out, inputs, SUBFOLDER, _earlier_run, say)
+    return dataclasses.replace(cfg, out=str(out))
 
 
 def mark_run_folder(cfg: TrainConfig) -> None:
