@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from in_process import call
 from launcher import ROOT, deepspeed_cmd, run
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
@@ -87,14 +88,11 @@ def test_data_with_another_tokenizer_is_refused(tmp_path, capsys, prepared_dir):
 
 
 def evaluate_cli(ckpt: Path, out: Path, *extra: str, nprocs: int = 0) -> dict:
-    """nprocs 0: `python app/evaluate.py` (one plain process); else under the deepspeed launcher."""
+    """nprocs 0: `python app/evaluate.py` (one plain process), its main called in this process
+    (tests/in_process.py; test_long_passes_say_how_far_they_are... launches it); else under the deepspeed
+    launcher."""
     args = ["--checkpoint", str(ckpt), "--out", str(out), *extra]
-    cmd = (
-        deepspeed_cmd(nprocs, "app/evaluate.py", args)
-        if nprocs
-        else [sys.executable, "app/evaluate.py", *args]
-    )
-    p = run(cmd)
+    p = run(deepspeed_cmd(nprocs, "app/evaluate.py", args)) if nprocs else call(evaluate_main, args)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     assert "bits/byte" in p.stdout
     return json.loads(out.read_text())
