@@ -26,6 +26,10 @@ def test_a_pp2_run_resumes_as_p1_with_its_optimizer_state(reference_run, runs):
     assert not (out / "checkpoints" / "universal").exists(), "the converted copy outlived the resume"
 
 
+# `long`: a second launch of the case the test above runs as one process (a P = 2 checkpoint re-sliced for
+# another layout, the optimizer state with it); what only it runs is the universal checkpoint into ZeRO-2 on
+# two data-parallel ranks with half the accumulation
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_pp2_run_resumes_on_two_ranks_with_half_the_accumulation(reference_run, runs):
     """The cluster case: a P = 2 x DP = 1 run (accumulation 4) resumed as P = 1 x DP = 2 with accumulation 2, the

@@ -105,6 +105,9 @@ def test_init_from_without_a_model_config_takes_the_models_sizes(reference_run, 
     assert (model["hidden_dim"], model["num_layers"], model["dropout"]) == (64, 2, 0.1)
 
 
+# `long`: two one-process runs for a case the tests above cover in part (a warm start from an export); what only it
+# runs is the resume of a warm-started run whose --init-from folder has gone
+@pytest.mark.long
 def test_a_resume_does_not_need_the_init_from_source(reference_run, other_corpus, tmp_path):
     """A warm-started run saved a checkpoint, then its --init-from folder went (a scratch area cleaned before
     a requeue): the same command resumes, since a resume never reads those weights; base 2652e8d refused it

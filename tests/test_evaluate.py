@@ -171,6 +171,7 @@ def test_reference_checkpoint_one_process_vs_data_parallel_and_export(reference_
     assert exp["kind"] == "export" and exp["step"] == 6
 
 
+@pytest.mark.cluster  # a run stopped by the wall clock (--time-budget): how far it gets is the machine's
 @pytest.mark.slow
 def test_zero3_checkpoint_is_consolidated_safely(prepared_dir, tmp_path):
     """ZeRO-3 partitions every weight over the ranks; the consolidation must give the trained model.

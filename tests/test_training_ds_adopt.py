@@ -109,6 +109,9 @@ def test_auto_values_in_a_config_file_deepspeed_section(prepared_dir, tmp_path):
     assert args.deepspeed.data["optimizer"]["params"]["lr"] == 0.003 and args.cfg.lr_decay == "cosine"
 
 
+# `long`: a launch (tests/runs.py's "hf_auto") for what the plan-level tests above check in this process (every
+# "auto" value filled, the scheduler mapped); what only it runs is the auto config through DeepSpeed to ref's losses
+@pytest.mark.long
 @pytest.mark.slow
 def test_hf_auto_config_trains_as_the_reference_run(reference_run, runs):
     """One real launch with the "auto" config and flags equal to the stock file (tests/runs.py's "hf_auto"):
