@@ -139,11 +139,12 @@ def test_the_longest_files_go_first_and_a_new_file_before_them():
     ]  # fmt: skip
 
 
-def test_the_durations_file_names_files_that_exist():
+def test_the_durations_file_is_read():
+    """tests/durations.json as `pytest --timings` writes it: seconds per test file (a file it does not name,
+    or names no longer, is harmless: it runs first, or is not there to order)."""
     seconds = tiers.file_seconds()
-    assert seconds and all(s >= 0 for s in seconds.values())
-    gone = [f for f in seconds if not (ROOT / f).is_file()]
-    assert not gone, f"tests/durations.json names files no longer there (refresh it): {gone}"
+    assert len(seconds) > 50 and all(s >= 0 for s in seconds.values()), len(seconds)
+    assert any((ROOT / f).is_file() for f in seconds)
 
 
 def test_the_default_run_leaves_out_the_slow_tiers_and_counts_them(monkeypatch):
@@ -188,6 +189,7 @@ def test_timings_are_written_per_test_and_per_file_with_cpu_seconds(tmp_path):
     assert doc["tests"] == 2 and doc["outcomes"] == {"passed": 2} and "CPUs" in doc["machine"]
     (name,) = doc["files"]
     assert name.endswith("test_spin.py") and doc["files"][name]["tests"] == 2
-    wall, cpu = doc["per_test"][f"{name}::test_child"]
+    wall, cpu, started, worker = doc["per_test"][f"{name}::test_child"]
+    assert started >= 0 and worker == "-"  # one process: no pytest-xdist worker
     assert cpu >= 0.3 and wall >= 0.3, (wall, cpu)
     assert doc["per_test"][f"{name}::test_quick"][1] < 0.3

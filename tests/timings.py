@@ -6,8 +6,9 @@ daemons a fixture leaves running, as the test clusters' sshd and Slurm, count wh
 Setup, call and teardown are counted together, as `--durations` counts them: a session fixture's build
 is charged to the first test that asked for it.
 
-The file holds, per test file, the tests run and their seconds summed (what tests/conftest.py orders the
-files by, longest first), and per test its two figures; with it, the command and the machine it came from.
+The file holds, per test file, the tests run and their seconds summed (what tests/tiers.py orders the files
+by, longest first), and per test its two figures, when it started (seconds into the session) and the
+pytest-xdist worker that ran it; with it, the command and the machine it came from.
 tests/durations.json is this file written by a whole run (docs/development.md, Tests, says how to
 refresh it).
 """
@@ -74,20 +75,22 @@ class Recorder:
 
     def __init__(self, config, path: Path) -> None:
         self.config, self.path = config, path
-        self.tests: dict[str, list[float]] = {}
+        self.tests: dict[str, list] = {}  # node id -> [wall s, CPU s, started (s into the session), worker]
         self.outcomes: dict[str, str] = {}
-        self.start = time.monotonic()
+        self.start, self.epoch = time.monotonic(), time.time()
 
     def pytest_runtest_logreport(self, report) -> None:
-        wall_cpu = self.tests.setdefault(report.nodeid, [0.0, 0.0])
-        wall_cpu[0] += report.duration
-        wall_cpu[1] += dict(report.user_properties).get(_CPU_KEY, 0.0)
+        node = getattr(report, "node", None)  # pytest-xdist's worker that ran it
+        worker = node.gateway.id if node is not None else "-"
+        row = self.tests.setdefault(report.nodeid, [0.0, 0.0, round(report.start - self.epoch, 1), worker])
+        row[0] += report.duration
+        row[1] += dict(report.user_properties).get(_CPU_KEY, 0.0)
         if report.when == "call" or report.outcome != "passed":
             self.outcomes[report.nodeid] = report.outcome
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         files: dict[str, dict] = {}
-        for nodeid, (wall, cpu) in self.tests.items():
+        for nodeid, (wall, cpu, _, _) in self.tests.items():
             f = files.setdefault(nodeid.split("::")[0], {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
             f["tests"] += 1
             f["wall_s"] += wall
@@ -98,6 +101,7 @@ class Recorder:
             "machine": machine(),
             "date": datetime.date.today().isoformat(),
             "workers": getattr(self.config.option, "numprocesses", None) or 0,
+            "every_tier": os.environ.get("MLSTM_TEST_ALL") == "1",  # launch/test.sh --all
             "session_wall_s": round(time.monotonic() - self.start, 1),
             "tests": len(self.tests),
             "outcomes": {
@@ -108,8 +112,10 @@ class Recorder:
                 for name, f in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])
             },
             "per_test": {
-                nodeid: [round(wall, 2), round(cpu, 2)]
-                for nodeid, (wall, cpu) in sorted(self.tests.items(), key=lambda kv: -kv[1][0])
+                nodeid: [round(wall, 2), round(cpu, 2), started, worker]
+                for nodeid, (wall, cpu, started, worker) in sorted(
+                    self.tests.items(), key=lambda kv: -kv[1][0]
+                )
             },
         }
         self.path.write_text(json.dumps(doc, indent=1) + "\n")
