@@ -13,6 +13,10 @@ from app.model.gpu_loops import StepLoop
 from app.model.gpu_tiles import Tiles
 
 
+# `long`: a process of Triton's interpreter (tens of seconds of a core) for logic the gpu-marked tests run on a
+# GPU and whose kernels' numbers tests/test_model_triton_core.py checks in the interpreter in the default run;
+# what only it runs is the tuner's timing and checking of every loop without a GPU
+@pytest.mark.long
 def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_path):
     """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): every loop checked against the
     float64 reference and timed each way, none left out, a loop that computes something else left out with
@@ -25,12 +29,16 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_p
     assert out["python"] == ["measured faster than the Triton core at this shape"] * 2 and out["logged"] == 1
 
 
+# the tests of `faults` (one interpreter process, each fault injected) are `long`: what only they run is each
+# fallback (a barrier that times out, a loop that cannot launch, a corrupt, foreign or wrong cached ranking)
+# without a GPU; tests/test_model_triton_core.py's cuda tests run the barrier's on a GPU
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("faults")
     return _check("faults", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp / "cache"))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "case, failed", [("barrier_timeout_fwd", "forward"), ("barrier_timeout_bwd", "backward")]
 )
@@ -47,6 +55,7 @@ def test_a_barrier_that_times_out_is_redone_by_the_next_loop(faults, case, faile
     assert (r["fwd" if failed == "forward" else "bwd"])[0] == "cublas", r  # the failed loop left the ranking
 
 
+@pytest.mark.long
 def test_a_forced_loop_that_cannot_launch_falls_back(faults):
     r = faults["launch_error"]
     assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
@@ -54,6 +63,7 @@ def test_a_forced_loop_that_cannot_launch_falls_back(faults):
     assert "could not launch" in r["warnings"][0] and r["fwd"][0] == "cublas", r
 
 
+@pytest.mark.long
 def test_when_every_loop_fails_the_error_says_so(faults):
     r = faults["every_loop_fails"]
     assert isinstance(r["errors"], str) and r["errors"].startswith("NoLoop: no GPU forward loop"), r
@@ -61,6 +71,7 @@ def test_when_every_loop_fails_the_error_says_so(faults):
     assert r["warnings"][-1].endswith("no other loop is left"), r["warnings"]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["cache_corrupt", "cache_foreign"])
 def test_a_corrupt_or_foreign_cache_entry_is_timed_afresh(faults, case):
     r = faults[case]
@@ -68,6 +79,7 @@ def test_a_corrupt_or_foreign_cache_entry_is_timed_afresh(faults, case):
     assert "cached" not in r["times"] and set(r["times"]) >= TIMED - {"fwd/step"}, r["times"]
 
 
+@pytest.mark.long
 def test_a_cached_ranking_is_checked_before_it_is_trusted(faults):
     """A ranking on disk whose first loop is wrong here: the check of the cache hit says so in one line, the
     shape is timed afresh, and the tuner's own check leaves the wrong loop out; the ranking it then stores is
