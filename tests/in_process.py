@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from launcher import env as launch_env
 
 from app.common import errors
 
@@ -72,16 +73,20 @@ def call(main: Callable[[list[str]], int], argv: list, capsys=None) -> Ran:
 
 @contextlib.contextmanager
 def kept_process_state() -> Iterator[None]:
-    """Puts back what an entry point sets for its process's life: torch's threads and deterministic mode,
-    the RNGs, the signal handlers preemption installs, the folder tracebacks go to, sys.argv. A process
-    group not yet made gets a free port (the default one is derived from the pid, and may be taken)."""
+    """The call sees the environment a launched command gets (tests/launcher.py's `env`: one thread, one
+    matmul kernel, no injected faults), and what an entry point sets for its process's life is put back:
+    the environment, torch's threads and deterministic mode, the RNGs, the signal handlers preemption
+    installs, the folder tracebacks go to, sys.argv. A process group not yet made gets a free port (the
+    default one is derived from the pid, and may be taken)."""
     import torch.distributed as dist
 
     threads, debug_mode = torch.get_num_threads(), torch.get_deterministic_debug_mode()
     fill = torch.utils.deterministic.fill_uninitialized_memory
     rng = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
-    log_dir, argv = errors._log_dir, list(sys.argv)
+    log_dir, argv, environ = errors._log_dir, list(sys.argv), dict(os.environ)
+    os.environ.clear()
+    os.environ.update(launch_env())
     if not (dist.is_available() and dist.is_initialized()) and "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -100,3 +105,5 @@ def kept_process_state() -> Iterator[None]:
             signal.signal(s, handler)
         errors._log_dir = log_dir
         sys.argv[:] = argv
+        os.environ.clear()
+        os.environ.update(environ)

@@ -148,10 +148,12 @@ RUNS: dict[str, Spec] = {
 
 @dataclass
 class Run:
-    """A built run: its --out folder and the launch's CompletedProcess."""
+    """A built run: its --out folder, the launch's CompletedProcess, and the checkout's commit when it was
+    launched (a run kept from an earlier session of the same tree records that one)."""
 
     dir: Path
     proc: subprocess.CompletedProcess
+    commit: str | None
 
 
 class Runs:
@@ -188,7 +190,8 @@ class Runs:
         data = self.corpus(spec.corpus)
         source = self.get(spec.start_from).dir if spec.start_from else None
         folder, result = self._entry(name, lambda folder: launch(spec, folder / name, data, source))
-        return Run(folder / name, subprocess.CompletedProcess(**result))
+        fields = {k: v for k, v in result.items() if k != "commit"}
+        return Run(folder / name, subprocess.CompletedProcess(**fields), result.get("commit"))
 
     def _entry(self, name: str, build: Callable[[Path], dict | None]) -> tuple[Path, dict | None]:
         """(folder, what `build(folder)` returned), built unless a sound copy is there."""
@@ -227,6 +230,7 @@ def launch(spec: Spec, out: Path, data: Path, source: Path | None) -> dict:
     def fill(text: str) -> str:
         return text.replace("{DIR}", str(folder)).replace("{ROOT}", str(ROOT))
 
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     if source is not None:
         shutil.copytree(source, out, symlinks=True)
     for name, text in spec.files.items():
@@ -246,6 +250,7 @@ def launch(spec: Spec, out: Path, data: Path, source: Path | None) -> dict:
         "returncode": p.returncode,
         "stdout": p.stdout,
         "stderr": p.stderr,
+        "commit": git.stdout.strip() if git.returncode == 0 else None,
     }
 
 

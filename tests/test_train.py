@@ -11,7 +11,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -63,12 +62,13 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     assert final["best_checkpoint"] == {"tag": "step_00000008", "val_loss": v8["loss"]}
 
 
-def test_runs_record_the_code_version(reference_run):
+def test_runs_record_the_code_version(runs):
     """config.json (also the W&B config), the checkpoints' app state and final_metrics.json name the
-    release and, in a git checkout, its commit."""
-    out, _ = reference_run
-    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    want = {"version": app.__version__, "git_commit": git.stdout.strip() if git.returncode == 0 else None}
+    release and, in a git checkout, its commit: the one checked out when the run was launched (tests/runs.py
+    notes it: a run kept from an earlier session of the same tree ran at an earlier commit)."""
+    run = runs.get("ref")
+    out = run.dir
+    want = {"version": app.__version__, "git_commit": run.commit}
     assert want["version"] == importlib.metadata.version("mlstm-ds")
     cfg = json.loads((out / "config.json").read_text())
     final = json.loads((out / "final_metrics.json").read_text())
