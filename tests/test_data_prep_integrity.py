@@ -90,6 +90,9 @@ def test_damaged_data_is_refused_at_start(prepared_dir, tmp_path, capsys):
         assert not list((tmp_path / f"run_{name}").glob("checkpoints/step_*")), name
 
 
+# `long`: a launch of 2 ranks for a refusal the test above reads from the command's main (the same-size damage);
+# what only it runs is the refusal on every rank of a 2-stage launch, no rank reaching its first batch
+@pytest.mark.long
 def test_damaged_shard_under_the_launcher(prepared_dir, tmp_path):
     """2 ranks, 2 stages: the same-size damage is named before step 1 (it was an IndexError traceback)."""
     data, needle = _damage(prepared_dir, tmp_path)["same_size"]
