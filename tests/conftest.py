@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny prepared datasets (built once per session) for data-prep and trainer tests."""
+"""Shared fixtures: the named runs and prepared corpora (tests/runs.py), the environment each test starts
+from, the fused core built up front, the test clusters; the tiers and the order (tests/tiers.py) and
+`--timings` (tests/timings.py) are plugins loaded here."""
 
 from __future__ import annotations
 
