@@ -172,9 +172,10 @@ class Runs:
         where = os.environ.get("MLSTM_TEST_RUN_CACHE", str(ROOT / ".test-runs"))
         if where in ("0", "off", ""):
             return cls(session_dir / "runs")
-        base = Path(where)
-        key = tree_key()
+        base, parts = Path(where), key_parts()
+        key = _digest(parts)
         prune(base, keep=key)
+        (base / key / "key.json").write_text(json.dumps(parts, indent=1))  # what it is a hash of
         return cls(base / key)
 
     def corpus(self, name: str) -> Path:
@@ -285,15 +286,16 @@ def _changes(want: dict, got: dict) -> str:
 
 
 # what a run's bytes can depend on, besides the table itself
-KEYED_TREES = ("app", "data_prep", "ds_configs", "tests/fixtures")
+# tests/fast_start: a start-up hook the harness may put on a launch's PYTHONPATH (none where it is missing)
+KEYED_TREES = ("app", "data_prep", "ds_configs", "tests/fixtures", "tests/fast_start")
 KEYED_FILES = ("tests/runs.py", "tests/launcher.py")
 KEYED_ENV = ("MLSTM_", "DS_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "GLOO_", "WANDB_", "HF_",
              "TRANSFORMERS_", "TOKENIZERS_", "TRITON_", "PYTHON", "LD_", "PATH")  # fmt: skip
 UNKEYED_ENV = ("MLSTM_TEST_", "MLSTM_SUITE_SESSION")  # the suite's own switches, the session's id
 
 
-def tree_key(root: Path = ROOT) -> str:
-    """A hash of everything a run's bytes can depend on (module docstring), 16 hex digits."""
+def key_parts(root: Path = ROOT) -> dict:
+    """Everything a run's bytes can depend on (module docstring): the keyed files' digest, and what else."""
     h = hashlib.sha256()
     files = [p for t in KEYED_TREES for p in sorted((root / t).rglob("*")) if "__pycache__" not in p.parts]
     for path in [*files, *(root / f for f in KEYED_FILES)]:
@@ -307,12 +309,30 @@ def tree_key(root: Path = ROOT) -> str:
     # pytest-xdist's workers put the checkout first on PYTHONPATH: the same code as a run without them
     paths = launched.pop("PYTHONPATH", "").split(os.pathsep)
     launched["PYTHONPATH"] = [p for p in paths if p and Path(p).resolve() != ROOT]
-    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     cxx = shutil.which("c++")  # the fused core's compiler
-    compiler = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout[:200] if cxx else ""
-    h.update(json.dumps([str(root), sys.version, sys.executable, platform.platform(), _cpu(), os.cpu_count(),
-                         compiler, launched, dists]).encode())  # fmt: skip
-    return h.hexdigest()[:16]
+    return {
+        "files": h.hexdigest(),
+        "checkout": str(root),
+        "python": [sys.version, sys.executable],
+        "platform": platform.platform(),
+        "cpu": [_cpu(), os.cpu_count()],
+        "compiler": subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout[:200]
+        if cxx
+        else "",
+        "environment": launched,
+        "distributions": sorted(
+            f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+        ),
+    }
+
+
+def tree_key(root: Path = ROOT) -> str:
+    """A hash of `key_parts`, 16 hex digits."""
+    return _digest(key_parts(root))
+
+
+def _digest(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _cpu() -> str:
