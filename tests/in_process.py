@@ -8,7 +8,7 @@ process, its `if __name__ == "__main__"`, the launcher's environment).
 `app/train.py` gets as far as the process group before some refusals (the resume checks come after it):
 what it sets for the rest of a process's life is put back here, so the next test in the worker starts as
 the suite left it. The process group itself stays (one of world size 1 per worker, as the in-process
-evaluations make); the environment is restored by tests/conftest.py after every test.
+evaluations make).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import torch
 from launcher import env as launch_env
 
 from app.common import errors
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # app/training/preemption.py's
+from app.training.preemption import SIGNALS
 
 
 @dataclass
@@ -83,7 +82,7 @@ def kept_process_state() -> Iterator[None]:
     threads, debug_mode = torch.get_num_threads(), torch.get_deterministic_debug_mode()
     fill = torch.utils.deterministic.fill_uninitialized_memory
     rng = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
-    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    handlers = {s: signal.getsignal(s) for s in SIGNALS}
     log_dir, argv, environ = errors._log_dir, list(sys.argv), dict(os.environ)
     os.environ.clear()
     os.environ.update(launch_env())
