@@ -143,8 +143,8 @@ def pytest_collection_modifyitems(config, items):
     none."""
     import tiers  # a plugin (pytest_plugins above): imported once pytest has, with its asserts rewritten
 
-    tiers.order(items, tiers.file_seconds())
     tiers.leave_out_tiers(config, items)
+    tiers.order(items, tiers.test_seconds())
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")

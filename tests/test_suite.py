@@ -131,20 +131,23 @@ class _Item:
 
 
 def test_the_longest_files_go_first_and_a_new_file_before_them():
+    """A file's length is that of the tests of it this run runs: test_b's long test is not among them."""
     items = [_Item("tests/test_a.py::x"), _Item("tests/test_b.py::y"), _Item("tests/test_new.py::z"),
              _Item("tests/test_b.py::w"), _Item("tests/test_a.py::v")]  # fmt: skip
-    tiers.order(items, {"tests/test_a.py": 10.0, "tests/test_b.py": 99.0})
+    seconds = {"tests/test_a.py::x": 6.0, "tests/test_a.py::v": 4.0, "tests/test_b.py::y": 9.0,
+               "tests/test_b.py::left_out": 90.0}  # fmt: skip
+    tiers.order(items, seconds)
     assert [i.nodeid for i in items] == [
-        "tests/test_new.py::z", "tests/test_b.py::y", "tests/test_b.py::w", "tests/test_a.py::x", "tests/test_a.py::v",
+        "tests/test_new.py::z", "tests/test_a.py::x", "tests/test_a.py::v", "tests/test_b.py::y", "tests/test_b.py::w",
     ]  # fmt: skip
 
 
 def test_the_durations_file_is_read():
-    """tests/durations.json as `pytest --timings` writes it: seconds per test file (a file it does not name,
-    or names no longer, is harmless: it runs first, or is not there to order)."""
-    seconds = tiers.file_seconds()
-    assert len(seconds) > 50 and all(s >= 0 for s in seconds.values()), len(seconds)
-    assert any((ROOT / f).is_file() for f in seconds)
+    """tests/durations.json as `pytest --timings` writes it: seconds per test (a test it does not name, or
+    names no longer, is harmless: its file runs first, or it is not there to order)."""
+    seconds = tiers.test_seconds()
+    assert len(seconds) > 500 and all(s >= 0 for s in seconds.values()), len(seconds)
+    assert any((ROOT / nodeid.split("::")[0]).is_file() for nodeid in seconds)
 
 
 def test_the_default_run_leaves_out_the_slow_tiers_and_counts_them(monkeypatch):

@@ -6,8 +6,8 @@ clusters, and runs driven by real clocks and signals) are left out of it and cou
 MLSTM_TEST_ALL=1 (`launch/test.sh --all`, which CI runs), a -m expression names the tier, or a test is
 named by its node id.
 
-Order: the files that took longest in tests/durations.json (`pytest --timings`, tests/timings.py) run
-first, a file not in it before them all: the suite runs in pytest-xdist workers one file at a time
+Order: the files whose tests (those this run runs) took longest in tests/durations.json (`pytest
+--timings`, tests/timings.py) run first, a file with no test in it before them all: the suite runs in pytest-xdist workers one file at a time
 (launch/test.sh), and a long file dealt last would leave one worker running it alone while the other has
 nothing left.
 """
@@ -26,21 +26,28 @@ COLLECTED = pytest.StashKey[list[str]]()  # every node id collected, before any 
 _LEFT_OUT = pytest.StashKey[dict[str, int]]()
 
 
-def file_seconds(path: Path = DURATIONS) -> dict[str, float]:
-    """tests/<file>.py -> its tests' wall-clock seconds summed, as the durations file recorded them."""
+def test_seconds(path: Path = DURATIONS) -> dict[str, float]:
+    """node id -> the wall-clock seconds the durations file recorded for the test."""
     try:
-        files = json.loads(path.read_text())["files"]
+        tests = json.loads(path.read_text())["per_test"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {name: float(f["wall_s"]) for name, f in files.items()}
+    return {nodeid: float(row[0]) for nodeid, row in tests.items()}
 
 
 def order(items: list, seconds: dict[str, float]) -> None:
-    """Longest file first; a file the durations do not know before them all; a file's own order kept."""
-    first = max(seconds.values(), default=0.0) + 1.0
+    """Longest file first, a file's length being the recorded seconds of the tests of it this run runs (a
+    tier left out counts for nothing); a file the durations know no test of before them all; a file's own
+    order kept."""
+    files: dict[str, float] = {}
+    for item in items:
+        name = item.nodeid.split("::")[0]
+        if item.nodeid in seconds:
+            files[name] = files.get(name, 0.0) + seconds[item.nodeid]
+    first = max(files.values(), default=0.0) + 1.0
 
     def key(item) -> float:
-        return -seconds.get(item.nodeid.split("::")[0], first)
+        return -files.get(item.nodeid.split("::")[0], first)
 
     items.sort(key=key)  # stable
 
