@@ -3,16 +3,15 @@
 #   launch/test.sh --compat oldest|newest [pytest args]: the version-sensitive tests in their own
 #   environment at the declared lower bounds or the newest releases (launch/compat.sh)
 # The tests run in MLSTM_TEST_WORKERS pytest-xdist workers (default: the cores, at most 4), one test file
-# per worker at a time, the longest files first (--dist loadfile --no-loadscope-reorder and the order in
-# tests/conftest.py). Most tests start real `deepspeed` launches, whose runner and per-node launcher start
-# one after the other on one core: two workers keep both cores of a 2-core machine busy
-# (docs/development.md, Tests). The session fixtures (prepared data, reference runs) are built once per run, shared by the
-# workers (tests/conftest.py).
+# per worker at a time, the longest files first (--dist loadfile --no-loadscope-reorder, and the order
+# tests/tiers.py takes from tests/durations.json). The launched runs many tests read (tests/runs.py) are
+# built once, shared by the workers, and kept for the next run of the same tree (docs/development.md, Tests).
 # `-n 0`, `-p no:xdist`, --pdb or --trace (or MLSTM_TEST_WORKERS=1) run everything in this process; `-n N`
 # sets the workers.
-#   launch/test.sh --all [pytest args]: every test, the `long` ones too (pyproject.toml's markers: minutes
-#   for a case the default run covers in part; each says what only it runs), which the default run (the
-#   README's and CI's) leaves out and counts (docs/development.md, Tests). `--all` may come anywhere.
+#   launch/test.sh --all [pytest args]: every test (CI's run, .ci/run), the `long` and `cluster` tiers too
+#   (pyproject.toml's markers: minutes for a case the default run covers in part; real sshd/pdsh and Slurm
+#   clusters, runs driven by real clocks and signals), which the default run (the README's) leaves out and
+#   counts (docs/development.md, Tests). `--all` may come anywhere.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 args=()

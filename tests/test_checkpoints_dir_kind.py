@@ -6,7 +6,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from launcher import CPU_CONFIG, train_args, train_process
+from in_process import call
+from launcher import CPU_CONFIG, train_args
+
+from app import train
 
 
 def _one_error(err: str) -> str:
@@ -16,8 +19,6 @@ def _one_error(err: str) -> str:
 
 
 def _train(argv: list[str]) -> int:
-    from app import train
-
     return train.main(["--deepspeed_config", str(CPU_CONFIG), "--pipeline-stages", "1", *argv])
 
 
@@ -44,7 +45,7 @@ def test_prepared_data_as_a_run_checkpoint_or_config(flag, prepared_dir, tmp_pat
     assert f"{flag} {prepared_dir}: {want}" in line, line
 
 
-def test_out_on_a_read_only_filesystem(prepared_dir, tmp_path):
+def test_out_on_a_read_only_filesystem(prepared_dir, tmp_path, capsys):
     """As root, chmod does not stop a write: a tmpfs mounted read-only does."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
@@ -54,9 +55,8 @@ def test_out_on_a_read_only_filesystem(prepared_dir, tmp_path):
     if p.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here: {p.stderr.strip()}")
     try:
-        q = train_process(
-            train_args(prepared_dir, mnt / "run", "--max-steps", "1", "--wandb-mode", "disabled", stages=1)
-        )
+        argv = train_args(prepared_dir, mnt / "run", "--max-steps", "1", "--wandb-mode", "disabled", stages=1)
+        q = call(train.main, argv, capsys)  # in this process (tests/in_process.py)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
     assert q.returncode == 2

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import ROOT, train, train_one_process
+from in_process import Ran, call
+from launcher import ROOT, train, train_args
 from launcher import metrics as launcher_metrics
 from run_files import samples
 
@@ -23,6 +24,7 @@ from app.checkpoints import training as ckpt
 from app.checkpoints.run_lock import acquire_run_lock
 from app.checkpoints.safety import weights_only_loads
 from app.common.errors import UserError
+from app.train import main as train_main
 
 LATEST = "step_00000008"
 PREVIOUS = "step_00000006"
@@ -57,7 +59,7 @@ def remanifest(tag_dir: Path) -> None:
     (tag_dir / ckpt.COMPLETE).write_text(json.dumps({"files": files}))
 
 
-def one_error_line(p: subprocess.CompletedProcess, needle: str) -> str:
+def one_error_line(p: subprocess.CompletedProcess | Ran, needle: str) -> str:
     assert p.returncode != 0, p.stderr[-3000:]
     errors = [ln for ln in p.stderr.splitlines() if "error: " in ln]
     assert errors and needle in errors[0], p.stderr[-4000:]
@@ -72,13 +74,15 @@ def resume(prepared_dir: Path, out: Path, *extra: str, data: Path | None = None)
     )
 
 
-def refused(prepared_dir: Path, out: Path, *extra: str, data: Path | None = None):
-    """The same command as one plain process: for refusals rank 0 makes before any stage's weights are
-    read (the lock, the resume tag, model / tokenizer / data identity, the data's splits), which come
-    before the check that the stage layout matches the checkpoint's."""
-    return train_one_process(
-        data or prepared_dir, out, "--max-steps", "9", "--wandb-mode", "disabled", *extra
+def refused(prepared_dir: Path, out: Path, capsys, *extra: str, data: Path | None = None) -> Ran:
+    """The same command as one plain process, its main called in this one (tests/in_process.py): for
+    refusals rank 0 makes before any stage's weights are read (the lock, the resume tag, model / tokenizer
+    / data identity, the data's splits), which come before the check that the stage layout matches the
+    checkpoint's."""
+    argv = train_args(
+        data or prepared_dir, out, "--max-steps", "9", "--wandb-mode", "disabled", *extra, stages=1
     )
+    return call(train_main, argv, capsys)
 
 
 # ---------------------------------------------------------------- no code execution
@@ -142,7 +146,7 @@ def test_symlink_out_of_the_run_is_refused_everywhere(reference_run, prepared_di
         assert main(["--checkpoint", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "points outside" in err[0], (main.__module__, err)
-    one_error_line(refused(prepared_dir, out), "points outside")
+    one_error_line(refused(prepared_dir, out, capsys), "points outside")
 
 
 def test_meta_json_tokenizer_path_elsewhere_is_refused(reference_run, prepared_dir, tmp_path, capsys):
@@ -156,20 +160,20 @@ def test_meta_json_tokenizer_path_elsewhere_is_refused(reference_run, prepared_d
     args = ["--checkpoint", str(reference_run[0]), "--data", str(data)]
     assert evaluate_main(args) == 2
     assert "model_file" in capsys.readouterr().err
-    one_error_line(refused(prepared_dir, tmp_path / "fresh", data=data), "model_file")
+    one_error_line(refused(prepared_dir, tmp_path / "fresh", capsys, data=data), "model_file")
 
 
-def test_resume_takes_a_tag_under_out_only(reference_run, prepared_dir, tmp_path):
+def test_resume_takes_a_tag_under_out_only(reference_run, prepared_dir, tmp_path, capsys):
     out = copy_run(reference_run, tmp_path / "run")
     other = str(reference_run[0] / "checkpoints" / PREVIOUS)
-    one_error_line(refused(prepared_dir, out, "--resume", other), "expected a tag under --out")
+    one_error_line(refused(prepared_dir, out, capsys, "--resume", other), "expected a tag under --out")
 
 
 # ---------------------------------------------------------------- one run per directory
 
 
 def test_second_run_fails_fast_naming_the_holder_and_a_dead_holders_lock_is_taken_over(
-    prepared_dir, tmp_path
+    prepared_dir, tmp_path, capsys
 ):
     out = tmp_path / "run"
     holder = subprocess.Popen(
@@ -180,7 +184,7 @@ def test_second_run_fails_fast_naming_the_holder_and_a_dead_holders_lock_is_take
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        line = one_error_line(refused(prepared_dir, out), "another run is using")
+        line = one_error_line(refused(prepared_dir, out, capsys), "another run is using")
         assert f"pid {holder.pid}" in line
         os.kill(holder.pid, signal.SIGKILL)  # dies holding it: the kernel releases a flock with its owner
         holder.wait(timeout=30)
@@ -229,7 +233,9 @@ def test_prune_moves_a_damaged_checkpoint_aside_and_rewrite_invalidates_first(re
 
 
 @pytest.mark.parametrize("change", ["width", "residual", "tokenizer", "data"])
-def test_resume_refuses_another_model_tokenizer_or_data(reference_run, prepared_dir, tmp_path, change):
+def test_resume_refuses_another_model_tokenizer_or_data(
+    reference_run, prepared_dir, tmp_path, change, capsys
+):
     out = copy_run(reference_run, tmp_path / "run")
     data, extra, needle = (
         prepared_dir,
@@ -255,22 +261,22 @@ def test_resume_refuses_another_model_tokenizer_or_data(reference_run, prepared_
         extra = ["model.hidden_dim=96"]
     else:
         extra = ["model.residual=true"]
-    one_error_line(refused(prepared_dir, out, *extra, data=data), needle)
+    one_error_line(refused(prepared_dir, out, capsys, *extra, data=data), needle)
 
 
 # ---------------------------------------------------------------- edges
 
 
-def test_wrongly_typed_deepspeed_json_is_one_line_naming_the_key(prepared_dir, tmp_path):
+def test_wrongly_typed_deepspeed_json_is_one_line_naming_the_key(prepared_dir, tmp_path, capsys):
     cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
     cfg["bf16"] = True
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(cfg))
-    p = train_one_process(prepared_dir, tmp_path / "run", "--max-steps", "1", config=path)
-    one_error_line(p, "`bf16` must be a JSON object")
+    argv = train_args(prepared_dir, tmp_path / "run", "--max-steps", "1", stages=1, config=path)
+    one_error_line(call(train_main, argv, capsys), "`bf16` must be a JSON object")
 
 
-def test_empty_validation_split_is_one_line(prepared_dir, tmp_path):
+def test_empty_validation_split_is_one_line(prepared_dir, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(prepared_dir, data)
     meta = json.loads((data / "meta.json").read_text())
@@ -278,7 +284,7 @@ def test_empty_validation_split_is_one_line(prepared_dir, tmp_path):
     (data / "meta.json").write_text(json.dumps(meta))
     shutil.rmtree(data / "validation")
     (data / "validation").mkdir()  # what data_prep leaves for a one-book corpus
-    one_error_line(refused(prepared_dir, tmp_path / "run", data=data), "validation split is empty")
+    one_error_line(refused(prepared_dir, tmp_path / "run", capsys, data=data), "validation split is empty")
 
 
 def test_resume_after_torn_metrics_line_with_redacted_secret_and_wandb_rewound(

@@ -8,19 +8,15 @@ did; both equal the uninterrupted P = 2 run's within fp32 rounding (the stages s
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from launcher import ROOT, metrics, train, train_one_process
+from launcher import metrics
 
 
 @pytest.mark.slow
-def test_a_pp2_run_resumes_as_p1_with_its_optimizer_state(reference_run, prepared_dir, tmp_path):
-    out = tmp_path / "p1"
-    shutil.copytree(reference_run[0], out)
-    p = train_one_process(prepared_dir, out, "--max-steps", "8", "--resume", "step_00000006", "--eval-every", "4",
-                          "--save-every", "3", "--keep-last", "2", "--wandb-mode", "disabled")  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
+def test_a_pp2_run_resumes_as_p1_with_its_optimizer_state(reference_run, runs):
+    """tests/runs.py's "ref_as_p1": a copy of "ref" resumed from step 6 as one plain process."""
+    run = runs.get("ref_as_p1")
+    out, p = run.dir, run.proc
     assert "step_00000006 at step 6" in p.stderr and "re-sliced for this one" in p.stderr, p.stderr[-3000:]
     ref = {m["step"]: m for m in metrics(reference_run[0]) if "train/loss" in m}
     got = {m["step"]: m for m in metrics(out) if "train/loss" in m}
@@ -30,18 +26,17 @@ def test_a_pp2_run_resumes_as_p1_with_its_optimizer_state(reference_run, prepare
     assert not (out / "checkpoints" / "universal").exists(), "the converted copy outlived the resume"
 
 
+# `long`: a second launch of the case the test above runs as one process (a P = 2 checkpoint re-sliced for
+# another layout, the optimizer state with it); what only it runs is the universal checkpoint into ZeRO-2 on
+# two data-parallel ranks with half the accumulation
+@pytest.mark.long
 @pytest.mark.slow
-def test_a_pp2_run_resumes_on_two_ranks_with_half_the_accumulation(reference_run, prepared_dir, tmp_path):
+def test_a_pp2_run_resumes_on_two_ranks_with_half_the_accumulation(reference_run, runs):
     """The cluster case: a P = 2 x DP = 1 run (accumulation 4) resumed as P = 1 x DP = 2 with accumulation 2, the
-    same 4 micro-batches a step, needs no --allow-data-change and repeats the uninterrupted run's steps."""
-    out = tmp_path / "dp2"
-    shutil.copytree(reference_run[0], out)
-    cfg = tmp_path / "zero2.yaml"
-    cfg.write_text(f"deepspeed: {ROOT / 'ds_configs' / 'cpu_zero2.json'}\ngrad_accum: 2\n")
-    p = train(2, prepared_dir, out, "--config", str(cfg), "--max-steps", "8", "--resume", "step_00000006",
-              "--eval-every", "4", "--save-every", "3", "--keep-last", "2", "--wandb-mode", "disabled",
-              stages=1, config=None, check=False)  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
+    same 4 micro-batches a step, needs no --allow-data-change and repeats the uninterrupted run's steps
+    (tests/runs.py's "ref_as_dp2")."""
+    run = runs.get("ref_as_dp2")
+    out, p = run.dir, run.proc
     assert "step_00000006 at step 6" in p.stderr and "re-sliced for this one" in p.stderr, p.stderr[-3000:]
     ref = {m["step"]: m for m in metrics(reference_run[0]) if "train/loss" in m}
     got = {m["step"]: m for m in metrics(out) if "train/loss" in m}

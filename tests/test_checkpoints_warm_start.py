@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_PREP_ARGS
-from launcher import metrics, train, train_one_process
+from in_process import call
+from launcher import metrics, train, train_args, train_one_process
 from test_evaluate import evaluate_cli
 
+from app.train import main as train_main
 from data_prep.cli import main as prep_main
 
 FINE_TUNE = ("--max-steps", "2", "--sanity-eval-batches", "1000", "--eval-every", "0", "--save-every", "0",
@@ -68,7 +70,7 @@ def test_fine_tune_from_an_export_and_from_a_run_in_other_layouts(reference_run,
 
 
 def test_init_from_with_another_tokenizer_or_shape_is_one_line(
-    reference_run, prepared_byte_dir, prepared_dir, tmp_path
+    reference_run, prepared_byte_dir, prepared_dir, tmp_path, capsys
 ):
     """Without --model-config the run takes the model's sizes, its vocabulary among them: base 2652e8d then
     blamed --model-config, which the user never gave, for what is a tokenizer mismatch."""
@@ -79,10 +81,10 @@ def test_init_from_with_another_tokenizer_or_shape_is_one_line(
         (prepared_byte_dir, [], None, tokenizer),
         (prepared_dir, ["--model-config", "small"], None, "does not fit this run's"),
     ]
-    for data, extra, model, needle in cases:
-        p = train_one_process(
-            data, tmp_path / "bad", "--init-from", str(run_dir), *extra, *FINE_TUNE, model=model
-        )
+    for data, extra, model, needle in cases:  # app/train.py's main in this process (tests/in_process.py)
+        argv = train_args(data, tmp_path / "bad", "--init-from", str(run_dir), *extra, *FINE_TUNE, stages=1,
+                          model=model)  # fmt: skip
+        p = call(train_main, argv, capsys)
         err = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(err) == 1 and err[0].startswith("error: --init-from"), p.stderr[
             -3000:
@@ -103,6 +105,9 @@ def test_init_from_without_a_model_config_takes_the_models_sizes(reference_run, 
     assert (model["hidden_dim"], model["num_layers"], model["dropout"]) == (64, 2, 0.1)
 
 
+# `long`: two one-process runs for a case the tests above cover in part (a warm start from an export); what only it
+# runs is the resume of a warm-started run whose --init-from folder has gone
+@pytest.mark.long
 def test_a_resume_does_not_need_the_init_from_source(reference_run, other_corpus, tmp_path):
     """A warm-started run saved a checkpoint, then its --init-from folder went (a scratch area cleaned before
     a requeue): the same command resumes, since a resume never reads those weights; base 2652e8d refused it

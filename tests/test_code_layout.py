@@ -158,6 +158,7 @@ def test_entry_point_and_trainer_are_short():
 TOPIC_TESTS = {
     "code_layout", "compat_main", "console_scripts", "data_prep_e2e", "docs", "data_prep_formats", "data_prep_hostile",
     "data_prep_resume", "data_prep_units", "export_hf", "fast_start", "launch", "lifecycle", "multinode", "slurm",
+    "suite",
 }  # fmt: skip
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from launcher import ROOT, deepspeed_cmd, env, free_port, run, train_args
+from in_process import call
+from launcher import deepspeed_cmd, run, train_args
 
+from app.train import main as train_main
 from data_prep.format import load_prepared
 from data_prep.integrity import file_digest
 
@@ -77,32 +77,22 @@ def _one_line(stderr: str, rc: int, needle: str) -> None:
     assert "Traceback" not in stderr and "IndexError" not in stderr, stderr[-3000:]
 
 
-def test_damaged_data_is_refused_at_start(prepared_dir, tmp_path):
-    """Six damages, each `python app/train.py` as one plain process (the six run side by side): a shard
-    damaged, truncated or missing, a vocabulary too small for the ids or larger than the tokenizer's (10^12),
-    and a shard named outside the folder."""
-    procs = {}
+def test_damaged_data_is_refused_at_start(prepared_dir, tmp_path, capsys):
+    """Six damages, each refused by `python app/train.py` (one plain process; its main called in this one,
+    tests/in_process.py): a shard damaged, truncated or missing, a vocabulary too small for the ids or larger
+    than the tokenizer's (10^12), and a shard named outside the folder."""
     for name, (data, needle) in _damage(prepared_dir, tmp_path).items():
         args = train_args(
             data, tmp_path / f"run_{name}", "--max-steps", "2", "--wandb-mode", "disabled", stages=1
         )
-        procs[name] = (
-            subprocess.Popen(
-                [sys.executable, str(ROOT / "app" / "train.py"), *args],
-                cwd=ROOT,
-                env=env(MASTER_PORT=str(free_port())),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            ),
-            needle,
-        )
-    for name, (proc, needle) in procs.items():
-        _, stderr = proc.communicate(timeout=600)
-        _one_line(stderr, proc.returncode, needle)
+        p = call(train_main, args, capsys)
+        _one_line(p.stderr, p.returncode, needle)
         assert not list((tmp_path / f"run_{name}").glob("checkpoints/step_*")), name
 
 
+# `long`: a launch of 2 ranks for a refusal the test above reads from the command's main (the same-size damage);
+# what only it runs is the refusal on every rank of a 2-stage launch, no rank reaching its first batch
+@pytest.mark.long
 def test_damaged_shard_under_the_launcher(prepared_dir, tmp_path):
     """2 ranks, 2 stages: the same-size damage is named before step 1 (it was an IndexError traceback)."""
     data, needle = _damage(prepared_dir, tmp_path)["same_size"]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from data_prep.format import load_prepared
 
@@ -46,6 +47,10 @@ def _digests(out: Path) -> list[str]:
     return [f["xxh3_128"] for g in manifest["groups"] for f in g["files"].values()]
 
 
+# `long`: three preps of 5-16 MB one-line texts, their peak memory measured (bench/README.md's "Data prep memory"
+# measures it at 300 MB); what only it runs is SentencePiece on a one-line document, cut the same way for any
+# --num-proc, in memory that does not grow with it
+@pytest.mark.long
 def test_a_huge_line_is_cut_the_same_way_in_bounded_memory(tmp_path):
     """SentencePiece trains on a one-line document (its trainer dropped every line over 2048 characters, so
     it failed with `!sentences_.empty()`) and encodes it in parts cut the same way for any --num-proc."""

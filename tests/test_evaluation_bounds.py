@@ -133,6 +133,10 @@ def test_on_cuda_the_engine_is_checked_against_the_device(monkeypatch):
         check()
 
 
+# `long`: a child process measured against the estimate, seconds each (bench/memory.py measures the same
+# works; the default run keeps the fine-tuning estimate's measurement, tests/test_probing_bounds.py); what
+# only this test runs is the measurement of the evaluation engine, stream, cache and dynamic estimates
+@pytest.mark.long
 def test_the_engine_and_reader_estimates_hold_what_they_take():
     """Each measured in a child process (tests/measured.py): the engine's micro-batch, --stream's rows,
     --cache's window and --dynamic's segment. Base 2652e8d's were 0.34-0.73x of these."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from measured import check_estimate
 
 
+# `long`: a child process measured against the estimate, seconds each (bench/memory.py measures the same
+# works; the default run keeps the fine-tuning estimate's measurement, tests/test_probing_bounds.py); what
+# only this test runs is the measurement of the generation estimate
+@pytest.mark.long
 def test_the_generation_estimate_holds_prefill_and_steps():
     """Many short prompts (the state, logits and sampling of every row through the steps) and fewer long
     ones (the prefill, a group at a time). Base 2652e8d took max(prefill, step) and a third of the prefill:

@@ -19,7 +19,7 @@ from launcher import _PORTS, BIN, ROOT, deepspeed_cmd, env, free_port, train, tr
 from run_files import samples
 from test_multinode import LOST, REF_ARGS, alive, rank_pids, shm_left, wait_until
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def _gloo_takes_a_new_timeout() -> bool:

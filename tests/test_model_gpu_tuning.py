@@ -19,6 +19,10 @@ def tuning(tmp_path_factory) -> dict:
     return _check("tuning", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp))
 
 
+# `long`: a process of Triton's interpreter (tens of seconds of a core) for logic the gpu-marked tests run on a
+# GPU and whose kernels' numbers tests/test_model_triton_core.py checks in the interpreter in the default run;
+# what only they run is the tuner's ranking, timing and checking of every loop without a GPU
+@pytest.mark.long
 def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tuning):
     """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): every loop checked against the
     float64 reference and timed each way in the whole op, none left out, each also timed alone beside the
@@ -36,6 +40,7 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tunin
     assert out["python"] == ["measured faster than the Triton core at this shape"] * 2 and out["logged"] == 1
 
 
+@pytest.mark.long
 def test_the_ranking_is_logged_with_each_loops_tiles_and_three_times(tuning):
     """One line: each loop with its tiles (the l2 candidate's split phases: ways and sum tiles) and its ms for
     T_TUNE steps in the whole op, alone and by the traffic model."""
@@ -52,6 +57,7 @@ def test_the_ranking_is_logged_with_each_loops_tiles_and_three_times(tuning):
     )
 
 
+@pytest.mark.long
 def test_the_ranking_is_by_the_whole_op_not_each_loop_alone(tuning):
     """An op that costs 2 s more whenever the step loop runs a direction in it ranks the step loop last both
     ways, though alone it is as quick as the others; every forward timed behind cuBLAS's backward (the first in
@@ -65,12 +71,16 @@ def test_the_ranking_is_by_the_whole_op_not_each_loop_alone(tuning):
     assert r["pairs"][3:] == [[r["fwd"][0], "step"], [r["fwd"][0], "persistent"]], r["pairs"]
 
 
+# the tests of `faults` (one interpreter process, each fault injected) are `long`: what only they run is each
+# fallback (a barrier that times out, a loop that cannot launch, a corrupt, foreign or wrong cached ranking)
+# without a GPU; tests/test_model_triton_core.py's cuda tests run the barrier's on a GPU
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("faults")
     return _check("faults", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp / "cache"))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "case, failed", [("barrier_timeout_fwd", "forward"), ("barrier_timeout_bwd", "backward")]
 )
@@ -89,6 +99,7 @@ def test_a_barrier_that_times_out_is_redone_by_the_next_loop(faults, case, faile
     assert ["cublas", failed == "forward"] in r["checked"], r["checked"]  # the fallback was checked first
 
 
+@pytest.mark.long
 def test_a_forced_loop_that_cannot_launch_falls_back(faults):
     r = faults["launch_error"]
     assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
@@ -96,6 +107,7 @@ def test_a_forced_loop_that_cannot_launch_falls_back(faults):
     assert "could not launch" in r["warnings"][0] and r["fwd"][0] == "cublas", r
 
 
+@pytest.mark.long
 def test_a_forced_loop_and_each_fallback_are_checked_before_they_run(faults):
     """MLSTM_GPU_LOOP=step where the step loop is wrong, and so is cuBLAS's, the first it falls back to: each is
     caught by its float64 check before its first run (one line each), and the user gets the third loop's right
@@ -110,6 +122,7 @@ def test_a_forced_loop_and_each_fallback_are_checked_before_they_run(faults):
     assert ["persistent", True] in r["checked"], r["checked"]
 
 
+@pytest.mark.long
 def test_a_cache_hit_checks_every_loop_it_may_fall_back_to(faults):
     """A ranking on disk whose first loop is right here and whose second (cuBLAS's) is wrong: at the hit every
     loop of both rankings is checked, the wrong fallback is dropped in one line, and nothing is timed afresh."""
@@ -122,6 +135,7 @@ def test_a_cache_hit_checks_every_loop_it_may_fall_back_to(faults):
     assert sorted(r["checked"]) == want, r["checked"]
 
 
+@pytest.mark.long
 def test_when_every_loop_fails_the_error_says_so(faults):
     r = faults["every_loop_fails"]
     assert isinstance(r["errors"], str) and r["errors"].startswith("NoLoop: no GPU forward loop"), r
@@ -131,6 +145,7 @@ def test_when_every_loop_fails_the_error_says_so(faults):
     assert r["warnings"][-1].endswith("no other loop is left"), r["warnings"]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["cache_corrupt", "cache_foreign"])
 def test_a_corrupt_or_foreign_cache_entry_is_timed_afresh(faults, case):
     r = faults[case]
@@ -138,6 +153,7 @@ def test_a_corrupt_or_foreign_cache_entry_is_timed_afresh(faults, case):
     assert "cached" not in r["times"] and set(r["times"]) >= TIMED - {"fwd/step"}, r["times"]
 
 
+@pytest.mark.long
 def test_a_cached_ranking_is_checked_before_it_is_trusted(faults):
     """A ranking on disk whose first loop is wrong here: the check of the cache hit says so in one line, the
     shape is timed afresh, and the tuner's own check leaves the wrong loop out; the ranking it then stores is

@@ -25,7 +25,7 @@ from launcher import (
     train_losses,
 )
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 FAKE_HF_TOKEN = "hf_FAKEfakeFAKEfakeFAKEfakeFAKEfake0000"
 LOST = "lost contact with its peers"

@@ -14,6 +14,11 @@ import pytest
 from launcher import ROOT, deepspeed_cmd
 
 WORLD = 4
+# `long`: a launch of 4 ranks; the named runs compare pipelined with plain training end to end (tests/runs.py:
+# tied_p1 with tied_p2, ref with p1_zero2_dp2 and dp2, their losses and clipping norms); what only this file runs
+# is every parameter's gradient at P = 4 (tied) and P = 2 x DP = 2 against the sequential module, and the
+# checkpoint layout of a tied embedding
+pytestmark = pytest.mark.long
 
 
 @pytest.fixture(scope="module")

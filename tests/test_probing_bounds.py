@@ -62,6 +62,10 @@ def test_featurizing_a_text_of_any_length_needs_the_memory_of_one_budget():
     check_batches("featurizing --train", seqs, cfg, model_cfg, 2, training=False)  # admitted
 
 
+# `long`: a child process measured against the estimate, seconds each (bench/memory.py measures the same
+# works; the default run keeps the fine-tuning estimate's measurement, tests/test_probing_bounds.py); what
+# only this test runs is the measurement of the featurizing estimate
+@pytest.mark.long
 def test_the_featurizing_estimate_holds_what_featurizing_takes():
     """Measured in a child process (tests/measured.py): one long text read in pieces, and 200 texts of
     50-1200 tokens in length-sorted batches (their changing shapes held ~1.6x a batch's memory on glibc's

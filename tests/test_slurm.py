@@ -17,7 +17,7 @@ from conftest import FAKE_WANDB_KEY, REF_STEPS
 from launcher import ROOT, env, free_port, train_losses
 from test_multinode import REF_ARGS, assert_same_losses, script_args
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def _submit(slurm_cluster, prepared_dir, tmp_path, out, wandb_mode, **extra) -> tuple[str, dict]:

@@ -11,13 +11,13 @@ import json
 import math
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
 from conftest import FAKE_WANDB_KEY as FAKE_KEY
 from conftest import REF_STEPS as STEPS
-from launcher import ROOT, metrics, train, train_losses, train_one_process, train_process
+from in_process import call
+from launcher import ROOT, metrics, train, train_losses
 from run_files import (
     check_samples,
     check_staged,
@@ -29,6 +29,7 @@ from run_files import (
 )
 
 import app
+from app.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +62,13 @@ def test_reference_run_learns_and_writes_everything(reference_run):
     assert final["best_checkpoint"] == {"tag": "step_00000008", "val_loss": v8["loss"]}
 
 
-def test_runs_record_the_code_version(reference_run):
+def test_runs_record_the_code_version(runs):
     """config.json (also the W&B config), the checkpoints' app state and final_metrics.json name the
-    release and, in a git checkout, its commit."""
-    out, _ = reference_run
-    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    want = {"version": app.__version__, "git_commit": git.stdout.strip() if git.returncode == 0 else None}
+    release and, in a git checkout, its commit: the one checked out when the run was launched (tests/runs.py
+    notes it: a run kept from an earlier session of the same tree ran at an earlier commit)."""
+    run = runs.get("ref")
+    out = run.dir
+    want = {"version": app.__version__, "git_commit": run.commit}
     assert want["version"] == importlib.metadata.version("mlstm-ds")
     cfg = json.loads((out / "config.json").read_text())
     final = json.loads((out / "final_metrics.json").read_text())
@@ -161,22 +163,16 @@ def test_wandb_offline_run_has_config_samples_table_and_model_artifact(reference
     check_wandb_run(reference_run[0], [4, 8], tmp_path)
 
 
-def test_p1_zero2_dp2_matches_p2(reference_run, prepared_dir, tmp_path):
+def test_p1_zero2_dp2_matches_p2(reference_run, runs, tmp_path):
     """P = 1 under the plain engine with ZeRO-2 and DP = 2 (grad_accum 2): same global batches, same curve.
 
     The DeepSpeed JSON and the accumulation come from a YAML --config file (the stock cpu_zero2.json has a
-    different accumulation), so the equal losses show the file's settings reached DeepSpeed."""
+    different accumulation), so the equal losses show the file's settings reached DeepSpeed (tests/runs.py's
+    "p1_zero2_dp2" against "ref")."""
     assert (
         json.loads((ROOT / "ds_configs" / "cpu_zero2.json").read_text())["gradient_accumulation_steps"] != 2
     )
-    path = tmp_path / "zero2.yaml"
-    # 2 x DP 2 = the reference's 4 micro-batches per step
-    path.write_text(
-        f"deepspeed: {ROOT / 'ds_configs' / 'cpu_zero2.json'}\ngrad_accum: 2\nwandb_mode: offline\n"
-    )
-    out = tmp_path / "p1"
-    train(2, prepared_dir, out, "--config", str(path), "--max-steps", STEPS, "--eval-every", "4",
-          "--wandb-artifacts", "saves", "--save-every", "4", stages=1, config=None)  # fmt: skip
+    out = runs.get("p1_zero2_dp2").dir
     recorded = json.loads((out / "config.json").read_text())
     assert recorded["deepspeed"]["gradient_accumulation_steps"] == recorded["train"]["grad_accum"] == 2
     ref, got = train_losses(reference_run[0]), train_losses(out)
@@ -196,27 +192,21 @@ def test_p2_dp2_matches_p2_dp1_with_double_accumulation(reference_run, pp2_dp2_r
     assert json.loads((pp2_dp2_run / "config.json").read_text())["layout"]["data_parallel"] == 2
 
 
-def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(prepared_dir, tmp_path):
-    """The tied embedding lives on both stages at P = 2; the clipping norm must count it once, as at P = 1."""
-    common = ("--max-steps", "3", "--eval-every", "0", "--wandb-mode", "disabled", "--test-eval", "false",
-              "model.tie_embeddings=true", "model.embed_dim=64")  # fmt: skip
-    runs = {}
+def test_tied_embeddings_p2_matches_p1_loss_and_grad_norm(runs):
+    """The tied embedding lives on both stages at P = 2; the clipping norm must count it once, as at P = 1
+    (tests/runs.py's "tied_p1", a plain single-process run, against "tied_p2")."""
+    tied = {}
     for stages in (1, 2):
-        out = tmp_path / f"tied_p{stages}"
-        if stages == 1:  # the plain single-process run: the same engine, without the launcher's interpreters
-            p = train_one_process(prepared_dir, out, *common)
-            assert p.returncode == 0, p.stderr[-4000:]
-        else:
-            train(stages, prepared_dir, out, *common, stages=stages)
-        runs[stages] = {m["step"]: m for m in metrics(out) if "train/loss" in m}
+        out = runs.get(f"tied_p{stages}").dir
+        tied[stages] = {m["step"]: m for m in metrics(out) if "train/loss" in m}
         assert not (out / "wandb").exists() and not (out / "plots").exists()  # W&B disabled, --plots false
-    assert sorted(runs[2]) == [1, 2, 3]
-    for s, m in runs[1].items():
+    assert sorted(tied[2]) == [1, 2, 3]
+    for s, m in tied[1].items():
         for key in ("train/loss", "train/grad_norm"):
-            assert runs[2][s][key] == pytest.approx(m[key], rel=1e-5), (s, key)
+            assert tied[2][s][key] == pytest.approx(m[key], rel=1e-5), (s, key)
 
 
-def test_resume_in_another_precision_is_one_clear_line(reference_run, prepared_dir, tmp_path):
+def test_resume_in_another_precision_is_one_clear_line(reference_run, prepared_dir, tmp_path, capsys):
     """The reference run (fp32) resumed in bf16: refused before anything is touched, not a traceback.
     (Another P, DP or ZeRO stage resumes: tests/test_checkpoints_universal.py.)"""
     out = tmp_path / "copy"
@@ -231,13 +221,11 @@ def test_resume_in_another_precision_is_one_clear_line(reference_run, prepared_d
         }
 
     before = files()
-    p = train_process(["--deepspeed_config", str(ROOT / "ds_configs" / "cpu_pp2_zero1.json"), "--data",
-                    str(prepared_dir), "--pipeline-stages", "1", "--out", str(out), "--model-config", "debug",
-                    "--precision", "bf16"])  # fmt: skip
-    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-    assert p.returncode == 2 and len(err) == 1, p.stderr[-2000:]
-    assert "'fp32'" in err[0] and "'bf16'" in err[0] and "resumes only in the precision" in err[0], err[0]
-    assert "Traceback" not in p.stderr
+    ran = call(train_main, ["--deepspeed_config", ROOT / "ds_configs" / "cpu_pp2_zero1.json", "--data",
+                            prepared_dir, "--pipeline-stages", "1", "--out", out, "--model-config", "debug",
+                            "--precision", "bf16"], capsys)  # fmt: skip
+    err = ran.error_line("resumes only in the precision")
+    assert "'fp32'" in err and "'bf16'" in err, err
     assert before == files(), "the run directory changed"
 
 
@@ -274,7 +262,8 @@ def test_non_finite_steps_are_skipped_on_every_rank_then_stop(prepared_dir, tmp_
         ("bad_model", "hidden_dim"),
     ],
 )
-def test_bad_input_is_one_clear_line(case, needle, prepared_dir, tmp_path):
+def test_bad_input_is_one_clear_line(case, needle, prepared_dir, tmp_path, capsys):
+    """`app/train.py`'s main in this process (tests/in_process.py): one `error:` line, exit status 2."""
     cfg = json.loads((ROOT / "ds_configs" / "cpu_pp2_zero1.json").read_text())
     data, stages, extra = str(prepared_dir), "1", []
     if case == "missing_data":
@@ -289,20 +278,6 @@ def test_bad_input_is_one_clear_line(case, needle, prepared_dir, tmp_path):
         extra = ["model.hidden_dim=0"]
     if case != "bad_json":
         (tmp_path / "c.json").write_text(json.dumps(cfg))
-    p = train_process(
-        [
-            "--deepspeed_config",
-            str(tmp_path / "c.json"),
-            "--data",
-            data,
-            "--pipeline-stages",
-            stages,
-            "--out",
-            str(tmp_path / "run"),
-            *extra,
-        ]
-    )
-    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert len(err) == 1 and needle in err[0], p.stderr[-2000:]
-    assert "Traceback" not in p.stderr
+    argv = ["--deepspeed_config", tmp_path / "c.json", "--data", data, "--pipeline-stages", stages,
+            "--out", tmp_path / "run", *extra]  # fmt: skip
+    call(train_main, argv, capsys).error_line(needle)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from launcher import train_one_process
+from in_process import Ran, call
+from launcher import train_args
 from measured import check_estimate
 
 from app.batching.buckets import BucketSchedule
@@ -17,6 +18,7 @@ from app.common.resources import GIB
 from app.model.config import debug_config
 from app.model.memory import ENGINE_BYTES, bytes_per_token, training_state_bytes
 from app.parallel.layout import Layout
+from app.train import main as train_main
 from app.train import parse_args
 from app.training import bounds
 from app.training.plan import open_inputs, plan_run
@@ -101,19 +103,24 @@ def test_each_batch_setting_names_the_flag_that_set_it(prepared_dir):
     assert warned == noted == []
 
 
-def test_a_collective_waits_at_most_a_day(prepared_dir, tmp_path):
+def one_process(capsys, data: Path, out: Path, *extra: str) -> Ran:
+    """`python app/train.py ...` (one plain process), its main called in this one (tests/in_process.py)."""
+    return call(train_main, train_args(data, out, *extra, stages=1), capsys)
+
+
+def test_a_collective_waits_at_most_a_day(prepared_dir, tmp_path, capsys):
     """Before: torch's timedelta overflowed on --dist-timeout-s 1e15 (a traceback)."""
-    p = train_one_process(prepared_dir, tmp_path / "run", "--dist-timeout-s", "1e15", "--dry-run")
+    p = one_process(capsys, prepared_dir, tmp_path / "run", "--dist-timeout-s", "1e15", "--dry-run")
     assert p.returncode == 0, p.stderr[-3000:]
     line = "--dist-timeout-s 1000000000000000.0 capped at 86400.0: a peer silent for a day has died or hung"
     assert line in p.stderr
     assert json.loads(p.stdout)["train"]["dist_timeout_s"] == 86400.0
 
 
-def test_a_model_that_cannot_fit_is_refused_in_one_line_before_it_exists(prepared_dir, tmp_path):
+def test_a_model_that_cannot_fit_is_refused_in_one_line_before_it_exists(prepared_dir, tmp_path, capsys):
     """model.hidden_dim=10^7: 1.5 x 10^15 parameters. Before: --dry-run printed its plan (a run allocated
     until PyTorch's allocator failed, with a traceback, or the OOM killer came)."""
-    p = train_one_process(prepared_dir, tmp_path / "run", "model.hidden_dim=10000000", "--dry-run")
+    p = one_process(capsys, prepared_dir, tmp_path / "run", "model.hidden_dim=10000000", "--dry-run")
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
     assert p.returncode == 2 and len(errors) == 1 and p.stdout == "", p.stderr[-3000:]
     assert errors[0].startswith(
@@ -164,6 +171,10 @@ def test_samples_or_a_device_that_cannot_hold_the_run_are_refused(prepared_dir, 
     p.check_fits([""])  # the host's memory joins the device's
 
 
+# `long`: a child process measured against the estimate, seconds each (bench/memory.py measures the same
+# works; the default run keeps the fine-tuning estimate's measurement, tests/test_probing_bounds.py); what
+# only this test runs is the measurement of a training step's estimate
+@pytest.mark.long
 def test_the_training_estimate_holds_a_step_of_one_process():
     """A DeepSpeed step (P = 1, ZeRO-2 and ZeRO-1) measured in a child process (tests/measured.py): one
     micro-batch whose activations dominate, and a model whose training state does (DeepSpeed holds ~30 bytes

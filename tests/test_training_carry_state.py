@@ -7,21 +7,18 @@ only do if every stream continues from the state it had (a resume from zero stat
 from __future__ import annotations
 
 import pytest
-from launcher import train, train_losses
+from launcher import train_losses
 
 
-def test_carry_state_run_resumes_onto_the_uninterrupted_losses(prepared_dir, tmp_path):
-    out = tmp_path / "carry"
-    args = ("--carry-state", "true", "--max-steps", "6", "--save-every", "3", "--keep-last", "2",
-            "--eval-every", "0", "--test-eval", "false", "--wandb-mode", "disabled", "--deterministic", "true", "--partition-method", "cost",
-            "--sanity-eval-batches", "0", "--samples", "0")  # fmt: skip
-    train(2, prepared_dir, out, *args)
+def test_carry_state_run_resumes_onto_the_uninterrupted_losses(runs):
+    """tests/runs.py's "carry" (6 steps, saved at 3) and "carry_resumed" (a copy resumed from 3)."""
+    out = runs.get("carry").dir
     whole = train_losses(out)
     assert sorted(whole) == [1, 2, 3, 4, 5, 6]
     saved = out / "checkpoints" / "step_00000003"
     assert sorted(p.name for p in saved.glob("carry_rank*.pt")) == ["carry_rank0.pt", "carry_rank1.pt"]
-    p = train(2, prepared_dir, out, *args, "--resume", "step_00000003")
-    assert "every stream restarts from zero" not in p.stdout + p.stderr
-    resumed = train_losses(out)
+    again = runs.get("carry_resumed")
+    assert "every stream restarts from zero" not in again.proc.stdout + again.proc.stderr
+    resumed = train_losses(again.dir)
     for s in (4, 5, 6):
         assert resumed[s] == pytest.approx(whole[s], rel=1e-6, abs=1e-7), s

@@ -8,39 +8,17 @@ import json
 
 import pytest
 from conftest import REF_STEPS
-from launcher import train, train_losses
+from launcher import train_losses
+from runs import HF_CONFIG, HF_FLAGS
 
 from app.common.errors import UserError
 from app.parallel.layout import engine_config
 from app.train import parse_args
 from app.training.plan import open_inputs, plan_run
 
-# cpu_pp2_zero1.json written as HF users hand it over: "auto" wherever HF's integration fills a value.
-# Our flags below give the same micro-batch 8, accumulation 4, lr 0.003 and fp32; the "auto" optimizer
-# and clipping values get HF's defaults, which are the stock file's (eps 1e-8, weight_decay 0, clip 1.0).
-HF_CONFIG = {
-    "train_batch_size": "auto",
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "optimizer": {
-        "type": "AdamW",
-        "params": {
-            "lr": "auto",
-            "betas": [0.9, 0.99],
-            "eps": "auto",
-            "weight_decay": "auto",
-            "torch_adam": True,
-        },
-    },
-    "scheduler": {
-        "type": "WarmupCosineLR",
-        "params": {"warmup_num_steps": "auto", "total_num_steps": "auto", "cos_min_ratio": 0.1},
-    },
-    "gradient_clipping": "auto",
-    "bf16": {"enabled": "auto"},
-    "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"},
-}
-FLAGS = ["--micro-batch", "8", "--grad-accum", "4", "--lr", "0.003"]
+FLAGS = list(
+    HF_FLAGS
+)  # HF_CONFIG (tests/runs.py): the stock cpu_pp2_zero1.json with "auto" where HF fills one
 
 
 def write(tmp_path, cfg: dict, name: str = "hf.json") -> str:
@@ -131,13 +109,14 @@ def test_auto_values_in_a_config_file_deepspeed_section(prepared_dir, tmp_path):
     assert args.deepspeed.data["optimizer"]["params"]["lr"] == 0.003 and args.cfg.lr_decay == "cosine"
 
 
+# `long`: a launch (tests/runs.py's "hf_auto") for what the plan-level tests above check in this process (every
+# "auto" value filled, the scheduler mapped); what only it runs is the auto config through DeepSpeed to ref's losses
+@pytest.mark.long
 @pytest.mark.slow
-def test_hf_auto_config_trains_as_the_reference_run(reference_run, prepared_dir, tmp_path):
-    """One real launch with the "auto" config and flags equal to the stock file: the reference's losses."""
-    out = tmp_path / "hf"
-    train(2, prepared_dir, out, *FLAGS, "--max-steps", REF_STEPS, "--eval-every", "100", "--samples", "0",
-          "--test-eval", "false", "--wandb-mode", "disabled", "--plots", "false",
-          config=write(tmp_path, HF_CONFIG))  # fmt: skip
+def test_hf_auto_config_trains_as_the_reference_run(reference_run, runs):
+    """One real launch with the "auto" config and flags equal to the stock file (tests/runs.py's "hf_auto"):
+    the reference's losses."""
+    out = runs.get("hf_auto").dir
     ref, got = train_losses(reference_run[0]), train_losses(out)
     assert got.keys() == ref.keys() and len(got) == int(REF_STEPS)
     for s in ref:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from launcher import metrics, train
+from launcher import metrics
 
 from app.training.peak_flops import cache_path, datasheet_peak, device_name, mfu_peak
 
@@ -56,13 +56,13 @@ def test_a_cpu_peak_is_measured_once_per_machine_and_threads(monkeypatch, tmp_pa
     assert "measured now" in line3 and len(json.loads(cache_path().read_text())) == 2
 
 
-def test_mfu_counts_every_rank_and_never_reads_above_one(prepared_dir, tmp_path):
+def test_mfu_counts_every_rank_and_never_reads_above_one(runs):
     """2 ranks, 1 thread each (the case that logged mfu 141%): the peak is every rank's timed product summed
     (the throughput is the world's), and a peak timed low (here divided by 10^5, as a product timed while the
-    core was busy reads low) is raised to the fastest step's rate, said once: MFU stays at or under 100%."""
-    out = tmp_path / "run"
-    p = train(2, prepared_dir, out, "--max-steps", "3", "--eval-every", "0", "--test-eval", "false",
-              "--wandb-mode", "disabled", extra_env={"MLSTM_DS_FAULTS": "peak_divide=100000"})  # fmt: skip
+    core was busy reads low) is raised to the fastest step's rate, said once: MFU stays at or under 100%.
+    The run: tests/runs.py's "tied_p2" (3 steps, P = 2), whose ranks time their peak that low."""
+    run = runs.get("tied_p2")
+    out, p = run.dir, run.proc
     assert p.returncode == 0, p.stderr[-3000:]
     line = next(ln for ln in p.stderr.splitlines() if "MFU against this machine's float32" in ln)
     m = re.search(

@@ -22,7 +22,7 @@ from test_multinode import REF_ARGS, alive, rank_pids, wait_until
 
 from app.training.preemption import EXIT_PREEMPTED
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # real signals, waited for on the clock
 
 PREEMPTED = "preempted ("
 

@@ -98,6 +98,7 @@ def test_a_resumed_budget_keeps_its_schedule_and_given_counts_are_kept():
     assert lrs[:2] == [0.5, 1.0] and validations == [] and given.schedule.eval_every == 0
 
 
+@pytest.mark.cluster  # a minute of the wall clock (the simulated minutes above run in no time)
 @pytest.mark.slow
 def test_a_one_minute_cpu_run_validates_often_and_warms_up_briefly(prepared_byte_dir, tmp_path):
     """The defaults a user gets: --time-budget 1 and no step flags, on the CPU. At least 5 validation points, a
