@@ -17,8 +17,9 @@ import pytest
 import torch
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
+from app.classifier.features import batch_feature_sets, length_batches, token_ids
 from app.model.reference import naive_mlstm
-from app.probing.features import batch_feature_sets, batch_features, featurize, length_batches, token_ids
+from app.probing.features import batch_features, featurize
 from app.transfer import main as transfer_main
 from data_prep.tokenizer import ByteTokenizer
 

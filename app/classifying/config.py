@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from app.classifier.spec import Feature
 from app.common.numbers import check_numbers
 
 InputFormat = Literal["auto", "csv", "jsonl", "parquet", "lines"]
-Feature = Literal["final_cell", "final_hidden", "mean_hidden", "max_hidden"]  # app.probing.features.FEATURES
 INPUT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "lines"}
 OUTPUT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 

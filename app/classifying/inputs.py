@@ -125,6 +125,17 @@ class Input:
         """The columns a CSV or Parquet input must have, checked before any work."""
         if self.kind == "lines" and self.keep:
             raise UserError("--keep-fields: plain-text lines have no fields")
+        if self.kind == "csv" and self.path != "-":  # stdin's header is read with its rows
+            stream = self._binary()
+            try:
+                reader = csv.reader(io.TextIOWrapper(stream, "utf-8-sig", "surrogateescape", newline=""))
+                header = next(reader, None)
+            except csv.Error as e:
+                raise UserError(f"--input {self.path}: line 1: not CSV the reader can follow ({e})") from None
+            finally:
+                stream.close()
+            if header is not None:
+                self._need(header)
         if self.kind == "parquet":
             import pyarrow.parquet as pq
 

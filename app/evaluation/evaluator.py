@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from app.batching.buckets import BucketSchedule, TokenStore, bucket_counts
@@ -22,6 +21,7 @@ from app.batching.run_data import open_prepared
 from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
+from app.common.devices import rank_device
 from app.common.errors import UserError
 from app.common.logs import Progress, get_logger, heartbeat
 from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
@@ -194,7 +194,7 @@ class Evaluator:
         log = get_logger()
         say, note = (log.warning, log.info) if rank == 0 else (None, None)
         self.cfg = cap_lengths(self.cfg, inputs, say, note)
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        device = str(rank_device("auto", "device"))  # the device this rank's engine takes
         reads = rank == 0 and bool(self.texts or self.data)
         check_evaluation_fits(
             self.cfg, self.src.model_cfg, inputs, stages=self.cfg.pipeline_stages, device=device, reads=reads

@@ -7,7 +7,7 @@ positive and negative rows in --train (one line names the label otherwise).
 The probe: one-vs-rest L1 logistic regressions, every label's on the same path of app/probing/l1_path.py
 over C_GRID (one pass over the standardised features serves all labels; the objective is separable, so
 each label's weights are its own fit's). At each C every label gets the threshold with its best validation
-F1 (app.probing.head.best_thresholds); each label keeps the C with its best such F1, with that threshold
+F1 (app.probing.scores.best_thresholds); each label keeps the C with its best such F1, with that threshold
 (ties: the smaller C). No refit on train + validation (the single-label probe's last step): a threshold belongs to the
 model it was chosen for. The feature kind is picked by validation macro F1.
 """
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.classifier.head import sigmoid, top_neurons
 from app.common.errors import UserError
-from app.probing.head import best_thresholds, multilabel_scores, sigmoid, top_neurons
 from app.probing.l1_path import l1_path
 from app.probing.probe import C_GRID, _single_neuron, standardise
+from app.probing.scores import best_thresholds, multilabel_scores
 
 TRUE = ("1", "true", "yes", "y", "t")
 FALSE = ("0", "false", "no", "n", "f", "")

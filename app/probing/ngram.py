@@ -63,8 +63,8 @@ def ngram_baseline(train: tuple, val: tuple, test: tuple, seed: int, labels: lis
 
 def _one_vs_rest(train: tuple, val: tuple, test: tuple, seed: int, labels: list[str]) -> dict:
     """(texts, Y (n, K) 0/1) triples -> per label the C and threshold picked on validation, and the test
-    figures (app.probing.head.multilabel_scores)."""
-    from app.probing.head import best_thresholds, multilabel_scores
+    figures (app.probing.scores.multilabel_scores)."""
+    from app.probing.scores import best_thresholds, multilabel_scores
 
     (t_tr, Y_tr), (t_va, Y_va), (t_te, Y_te) = train, val, test
     vec = _vectorizer().fit(t_tr)

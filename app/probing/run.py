@@ -9,12 +9,13 @@ import numpy as np
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
+from app.classifier.spec import FEATURES, parse_layers
 from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.common.logs import heartbeat
 from app.probing.bounds import cap_counts, check_batches
-from app.probing.config import FEATURES, TransferConfig, parse_layers
+from app.probing.config import TransferConfig
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
 from app.probing.multilabel import MultiLabels, labels_of
 
@@ -109,7 +110,8 @@ class Transfer:
 
     def featurize_all(self, model) -> dict:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
-        from app.probing.features import checkpoint_digest, token_ids
+        from app.classifier.features import token_ids
+        from app.probing.features import checkpoint_digest
 
         digest = self.digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
         preprocess = self.preprocess = feature_preprocess(self.src.path)
@@ -272,7 +274,8 @@ class Transfer:
     def _keep(self, model, kind: str, probe, mean, scale, ft, chosen: dict | None) -> str | None:
         """Write the classifier the validation split chose to <out>/classifier -> its path (None: nothing
         was chosen, a --finetune-from-scratch control)."""
-        from app.probing.keep import finetune_head, keep, probe_head
+        from app.classifier.folder import write_classifier
+        from app.probing.keep import finetune_head, probe_head
 
         if chosen is None:
             return None
@@ -291,7 +294,8 @@ class Transfer:
             "test": {metric: chosen[f"test_{metric}"]},
         }
         tok_meta = {**self.tokenizer.meta(), **self.src.tokenizer_meta}
-        return str(keep(self.out / "classifier", self.src, tok_meta, lm_state, head, about, self.preprocess))
+        folder = self.out / "classifier"
+        return str(write_classifier(folder, self.src, tok_meta, lm_state, head, about, self.preprocess))
 
     def run(self) -> dict:
         from app.probing.multilabel import multi_label_result
