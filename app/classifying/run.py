@@ -35,13 +35,14 @@ from app.classifying.inputs import Input, Row
 from app.classifying.parts import WorkDir
 from app.classifying.writers import Columns, Rows, join_features, join_parts, part_bytes
 from app.common.devices import rank_device
-from app.common.errors import UserError
+from app.common.errors import UserError, claim_report
 from app.common.faults import hang_after_part
 from app.common.files import fsync_dir
 from app.common.logs import Progress, get_logger
 from app.common.resources import cap
 
 NAMED_BAD_ROWS = 10  # bad rows named in the summary line (all are counted)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C stopped
 
 
 @dataclass(slots=True)
@@ -51,7 +52,9 @@ class Tally:
     texts: int = 0
     bytes: int = 0
     tokens: int = 0
-    chunks: int = 0
+    chunks: int = 0  # classified in this run
+    reused: int = 0  # parts of an earlier run made from the bytes read now: kept
+    redone: int = 0  # parts of an earlier run made from other bytes: classified afresh
 
     def add(self, stats: dict) -> None:
         self.texts, self.bytes = self.texts + stats["texts"], self.bytes + stats["bytes"]
@@ -108,7 +111,7 @@ class Classify:
         self.preprocess = feature_preprocess(self.src.path)  # an import's "openai": as transfer read them
         self.cols = self._columns()
         self.log = get_logger()
-        self.said: list[str] = []  # what the checks chose, said once they have all passed
+        self.said: list[str] = [self.input.said] if self.input.said and self.rank == 0 else []
         self.device = rank_device(cfg.device, "--device", self.said.append if self.rank == 0 else None)
         work = cfg.work_dir or f"{cfg.output or cfg.features_out}.parts"
         self.work = WorkDir(Path(work), self._key(), cfg.output_kind())
@@ -149,26 +152,40 @@ class Classify:
 
     # ---- the work
 
-    def _chunks(self) -> Iterator[tuple[int, list[Row]]]:
-        """(chunk index, its rows) for this rank's chunks without a part; the rows of the others are read
-        and dropped. Ends with the number of chunks of the whole input in `self.n_chunks`."""
+    def _chunks(self, tally: Tally) -> Iterator[tuple[int, list[Row], str]]:
+        """(chunk index, its rows, the digest of the input bytes they were read from) for this rank's chunks
+        that have no part made from those bytes; the rows of the others are read and dropped. Ends with the
+        number of chunks of the whole input in `self.n_chunks`."""
         size, chunk, rows, index = self.cfg.chunk_rows, 0, [], 0
-        mine = self._todo(0)
         for row in self.input.rows():
-            if mine:
+            if chunk % self.world == self.rank:
                 rows.append(row)
             index += 1
             if index == size:
-                if mine:
-                    yield chunk, rows
+                yield from self._due(chunk, rows, tally)
                 chunk, rows, index = chunk + 1, [], 0
-                mine = self._todo(chunk)
-        if index and mine:
-            yield chunk, rows
+        if index:
+            yield from self._due(chunk, rows, tally)
         self.n_chunks = chunk + (1 if index else 0)
 
-    def _todo(self, chunk: int) -> bool:
-        return chunk % self.world == self.rank and not self.work.done(chunk)
+    def _due(self, chunk: int, rows: list[Row], tally: Tally) -> Iterator[tuple[int, list[Row], str]]:
+        """A whole chunk read: this rank's to classify unless its part was made from these very bytes."""
+        digest = self.input.take_digest()  # every rank reads every chunk: the digests stay in step
+        if chunk % self.world != self.rank:
+            return
+        made = self.work.made_from(chunk)
+        if made == digest:
+            tally.reused += 1
+            return
+        if made is not None:
+            if not tally.redone:
+                self.log.warning(
+                    f"--input {self.input.describe()}: rows {chunk * self.cfg.chunk_rows + 1}-"
+                    f"{chunk * self.cfg.chunk_rows + len(rows)} are not the bytes an earlier run classified "
+                    "(the file was rewritten); each such chunk is classified afresh"
+                )
+            tally.redone += 1
+        yield chunk, rows, digest
 
     def features(self, model, ids: list[np.ndarray], step=lambda _: None) -> np.ndarray:
         """Each text's features (n, d) float32, in `ids`' order, as app/transfer.py read them."""
@@ -191,6 +208,7 @@ class Classify:
             "bytes": sum(r.nbytes for r in good),
             "tokens": int(sum(len(s) for s in ids)),
             "bad": [[r.number, r.problem] for r in rows if r.text is None],
+            "escaped": sum(r.escaped for r in rows),
         }
         data = None
         if self.head is not None and self.cfg.output is not None:
@@ -235,8 +253,9 @@ class Classify:
                 if progress is not None:
                     progress.update(0)
 
-            for chunk, rows in self._chunks():
+            for chunk, rows, digest in self._chunks(tally):
                 data, feats, stats = self.classify(model, rows, step)
+                stats["input_sha256"] = digest
                 self.work.write(chunk, data, feats, stats)
                 tally.add(stats)
                 hang_after_part(tally.chunks)
@@ -254,15 +273,20 @@ class Classify:
 
     def run(self) -> dict | None:
         """Classify this rank's chunks; rank 0 then writes the outputs -> rank 0's summary (None elsewhere)."""
-        from app.parallel.runtime import init_distributed, set_threads
+        from app.parallel.runtime import init_distributed, set_threads, watch_launcher
 
         if self.world > 1:
-            init_distributed()
+            init_distributed()  # watches the launcher too
+        elif "RANK" in os.environ:  # one rank under the launcher: it must not outlive it either
+            watch_launcher()
         set_threads()
         for line in self.said:
             self.log.info(line)
+        start = time.perf_counter()
         model = self.src.load_model(self.device)
-        resumed = self.work.prepare(self.log.warning) if self.rank == 0 else 0
+        self._warm_up(model)
+        if self.rank == 0:
+            self.work.prepare(self.log.warning)
         self._barrier()
         self.work.check()
         t0 = time.perf_counter()
@@ -270,13 +294,22 @@ class Classify:
         seconds = time.perf_counter() - t0
         if self.rank != 0:
             return None
-        return self._finish(done, seconds, resumed)
+        return self._finish(done, seconds, t0 - start)
 
-    def _finish(self, done: Tally, seconds: float, resumed: int) -> dict:
+    def _warm_up(self, model) -> None:
+        """One short text through the features' path before the clock starts: a first run's kernel build
+        (the fused CPU core's C++ extension, said as it happens) is start-up, not the texts' rate."""
+        bos = self.tokenizer.bos_id
+        self.features(model, [np.asarray([bos, bos], dtype=np.int64)])
+
+    def _finish(self, done: Tally, seconds: float, start_up: float) -> dict:
         """Rank 0: the parts joined into --output and --features-out, the work folder removed."""
         chunks = range(self.n_chunks)
         stats = [self.work.stats(c) for c in chunks]
         bad = [b for s in stats for b in s["bad"]]
+        if bad and not any(s["texts"] for s in stats):  # nothing to write: our parts go, the line says why
+            self.work.remove()
+            raise UserError(unreadable(self.input, len(bad), bad))
         written = []
         for path, join in (
             (self.cfg.output, self._join_output),
@@ -300,7 +333,10 @@ class Classify:
             "bad": bad,
             "ranks": self.world,
             "chunks": self.n_chunks,
-            "chunks_resumed": resumed,
+            "chunks_resumed": done.reused,
+            "chunks_redone": done.redone,
+            "escaped": sum(s.get("escaped", 0) for s in stats),
+            "start_up_seconds": start_up,
             "run": {"texts": done.texts, "bytes": done.bytes, "tokens": done.tokens, "seconds": seconds},
             "texts_per_s": done.texts / seconds if seconds else None,
             "bytes_per_s": done.bytes / seconds if seconds else None,
@@ -314,6 +350,33 @@ class Classify:
         width = self.src.model_cfg.hidden_dim * len(self.layers)
         rows = sum(s["texts"] for s in stats)
         join_features([self.work.features(c) for c in chunks], (rows, width), tmp)
+
+
+def _named(bad: list, count: int) -> str:
+    named = ", ".join(f"row {n} ({why})" for n, why in bad[:NAMED_BAD_ROWS])
+    return named + (f", and {count - NAMED_BAD_ROWS:,} more" if count > NAMED_BAD_ROWS else "")
+
+
+def unreadable(source: Input, count: int, bad: list) -> str:
+    """The line for an input none of whose rows could be classified (a binary file, another format)."""
+    return (
+        f"--input {source.describe()}: none of its {count:,} rows could be read as {source.kind} text "
+        f"({_named(bad, count)}); is it the file you meant, in that format (--input-format)?"
+    )
+
+
+def interrupted(job: Classify | None) -> int:
+    """Ctrl-C: one line (once per node of a launch) saying what is kept and how to go on; exit 130."""
+    kept = job.work.parts_done() if job is not None else 0
+    if claim_report():
+        line = (
+            f"classify: interrupted (Ctrl-C); {kept:,} classified chunks are kept in {job.work.path}: run "
+            "the same command again to continue from them"
+            if kept
+            else "classify: interrupted (Ctrl-C) before a chunk was classified; nothing was written"
+        )
+        print(line, file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def summary(res: dict) -> str:
@@ -331,11 +394,20 @@ def summary(res: dict) -> str:
     )
     lines = [
         f"classified {res['texts']:,} texts of {res['input']} ({res['ranks']} rank{'s' if res['ranks'] > 1 else ''}"
-        f"{resumed}): this run {r['texts']:,} texts in {r['seconds']:.1f} s, {speed}"
+        f"{resumed}): this run {r['texts']:,} texts in {r['seconds']:.1f} s, {speed} (start-up, "
+        f"{res['start_up_seconds']:.1f} s, not counted)"
     ]
+    if res["chunks_redone"]:
+        lines.append(
+            f"{res['chunks_redone']:,} chunks classified afresh: the input's bytes there are not those their "
+            "parts were made from"
+        )
     if res["bad_rows"]:
-        named = ", ".join(f"row {n} ({why})" for n, why in res["bad"][:NAMED_BAD_ROWS])
-        more = f", and {res['bad_rows'] - NAMED_BAD_ROWS} more" if res["bad_rows"] > NAMED_BAD_ROWS else ""
-        lines.append(f"{res['bad_rows']:,} bad rows skipped: {named}{more}")
+        lines.append(f"{res['bad_rows']:,} bad rows skipped: {_named(res['bad'], res['bad_rows'])}")
+    if res["escaped"]:
+        lines.append(
+            f"{res['escaped']:,} --keep-fields values were not valid UTF-8: written escaped (\\xNN for a "
+            "byte, \\uXXXX for a lone surrogate)"
+        )
     lines.append(f"written: {', '.join(res['written'])}")
     return "\n".join(lines)

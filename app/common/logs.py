@@ -170,10 +170,10 @@ class Progress:
 
     def status(self) -> str:
         seconds = f"{time.monotonic() - self.t0:.0f} s"
-        if self.total is None and self.n == 0:
-            return f"{self.desc}: {seconds} so far"
-        of = f"/{self.total}" if self.total else ""
         more = f", {self.detail()}" if self.detail is not None else ""
+        if self.total is None and self.n == 0:
+            return f"{self.desc}: {seconds} so far{more}"
+        of = f"/{self.total}" if self.total else ""
         return f"{self.desc}: {self.n:,}{of} {self.unit}s, {seconds}{more}"
 
     def _beat(self) -> None:
