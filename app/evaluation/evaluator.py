@@ -24,6 +24,7 @@ from app.checkpoints.run_info import eval_result_path
 from app.common.devices import rank_device
 from app.common.errors import UserError
 from app.common.logs import Progress, get_logger, heartbeat
+from app.common.text import without_bom
 from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
 from app.evaluation.cache import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.evaluation.compressors import compressed_bits_per_byte
@@ -48,7 +49,7 @@ def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
     for name in paths:
         p = Path(name)
         try:
-            raw = p.read_bytes()
+            raw = without_bom(p.read_bytes())  # a byte-order mark is no text of the file's
             text = raw.decode("utf-8")
         except OSError as e:
             raise UserError(f"--text {p}: cannot read ({e.strerror or e})") from None

@@ -63,6 +63,10 @@ class TransferConfig:
     finetune_max_tokens: int = 1024
     """Fine-tuning: each text read up to this many tokens, BOS included (its memory grows with the
     length); texts cut are counted in transfer.json (0: whole texts)."""
+    drop_rare_labels: bool = False
+    """Multi-label: leave out (said in one line) each label a split cannot hold: fewer than two positive
+    rows in --train when validation is split from it, none in --validation or in --test. Without it such a
+    label stops the run before featurising (one missing from --test only is said)."""
     finetune_from_scratch: bool = False
     """Fine-tune the same architecture from a fresh initialisation instead: the control that shows what
     the LM's pretraining adds."""
