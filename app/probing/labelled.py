@@ -39,12 +39,24 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: no such file")
     if fmt in ("csv", "json"):
         _check_utf8(flag, p)
+    if fmt == "parquet":  # a file that is not Parquet: our one line, before `datasets` logs its own
+        _check_parquet(flag, p)
     datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(fmt, data_files=str(p), split="train")
     except Exception as e:  # datasets wraps every parser error differently; the user needs the first line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
+
+
+def _check_parquet(flag: str, p: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(p).schema_arrow  # noqa: B018 - reading the footer is the check
+    except Exception as e:  # pyarrow raises several kinds for a file that is not Parquet
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"--{flag} {p}: cannot read it as parquet ({msg})") from None
 
 
 def _check_utf8(flag: str, p: Path) -> None:
