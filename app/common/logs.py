@@ -174,7 +174,7 @@ class Progress:
         if self.total is None and self.n == 0:
             return f"{self.desc}: {seconds} so far{more}"
         of = f"/{self.total}" if self.total else ""
-        return f"{self.desc}: {self.n:,}{of} {self.unit}s, {seconds}{more}"
+        return f"{self.desc}: {self.n}{of} {self.unit}s, {seconds}{more}"
 
     def _beat(self) -> None:
         while not self._done.wait(heartbeat_s()):
