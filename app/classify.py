@@ -8,7 +8,7 @@
 
 --classifier is the folder app/transfer.py --out DIR writes to DIR/classifier (the one the validation split
 chose: a probe on the language model's features, or the fine-tuned model with its head). --input is a
-.csv, .jsonl, .parquet or plain-text file (one text a line; .gz/.xz/.zst read as streams) or stdin. The
+.csv, .jsonl, .parquet or plain-text file (one text a line; .gz/.bz2/.xz/.zst read as streams) or stdin. The
 output (.csv, .jsonl or .parquet) has one row per text in input order: its input row, the --keep-fields,
 the label (multi-label: every label at or over its threshold), each label's probability and the top
 neurons' values. --features-out writes the raw features (a .npy of float32 rows), what OpenAI's encoder
@@ -20,7 +20,7 @@ c mod world's. Once every chunk has its part the output is written from them in 
 1 rank or N. A run that is killed continues where it stopped when the same command is run again (the
 parts live in --work-dir, <output>.parts by default). Bad rows (an empty or missing text, a line that is
 not JSON, invalid UTF-8) are counted and named by row, never classified. A progress bar on a terminal (a
-line every 30 s in a log), texts/s and bytes/s at the end.
+line every 20 s in a log), texts/s and bytes/s at the end.
 """
 
 from __future__ import annotations
@@ -58,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ClassifyConfig, argv, __doc__, launcher=True)
     outputs.check(*classify_paths(cfg))  # before any work: no input overwritten, every output writable
     setup_logging(cfg.verbose)
-    from app.classifying.run import Classify, summary  # torch and the model only for a valid request
+    from app.classifying.run import Classify, interrupted, summary  # torch and the model: a valid request
 
-    result = Classify(cfg).run()
+    job = None
+    try:
+        job = Classify(cfg)
+        result = job.run()
+    except KeyboardInterrupt:  # Ctrl-C: what is kept and how to go on, in one line
+        return interrupted(job)
     if result is not None:
         print(summary(result), flush=True)
     return 0

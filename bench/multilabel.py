@@ -85,7 +85,7 @@ def classify_macro_f1(res: dict, test: Path, work: Path) -> float:
     """app/classify.py on the test split with the kept classifier -> its macro F1 on the gold labels."""
     import numpy as np
 
-    from app.probing.head import multilabel_scores
+    from app.probing.scores import multilabel_scores
 
     out = work / "test_labels.jsonl"
     cmd = [sys.executable, "app/classify.py", "--classifier", res["classifier"], "--input", str(test)]

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from app.checkpoints.loader import open_source
-from app.probing.features import batch_features, length_batches, token_ids
+from app.classifier.features import length_batches, token_ids
+from app.probing.features import batch_features
 from app.probing.labelled import read_labelled
 
 

@@ -7,7 +7,8 @@ and count that line with its number. Both read ``.gz``/``.xz``/``.zst`` through 
 stream decoders. CSV/TSV (``csv_rows``, which picks the reader) and Parquet go through
 ``datasets.load_dataset(..., streaming=True)``.
 
-Text is decoded as UTF-8 with replacement characters; the first invalid byte of a file is reported
+Text is decoded as UTF-8 with replacement characters, a byte-order mark at its start dropped (as the CSV
+reader's ``utf-8-sig`` does); the first invalid byte of a file is reported
 (line, byte offset) through ``Utf8State``. Line ends are normalised as Python's universal newlines
 do (``\\r\\n`` and ``\\r`` become ``\\n``), as the ``text`` builder did before.
 """
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.common.text import BOM
 from data_prep.errors import UserError
 
 COMPRESSIONS = (".gz", ".xz", ".zst")
@@ -127,6 +129,8 @@ def iter_chunks(path: Path, utf8: Utf8State) -> Iterator[tuple[str, int]]:
                 raw = b""  # the text so far is kept, as of a file that ended here
             eof = not raw
             data = carry + raw
+            if offset == 0 and not carry and data.startswith(BOM):  # Notepad's byte-order mark: no text
+                data, offset = data[len(BOM) :], len(BOM)
             cut = len(data) if eof or data.endswith(b"\n") else len(data) - _incomplete_tail(data)
             data, carry = data[:cut], data[cut:]
             if data:

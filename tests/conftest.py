@@ -15,7 +15,6 @@ import pytest
 import torch
 from runs import FAKE_WANDB_KEY, REF_STEPS, TINY_PREP_ARGS, Runs
 
-
 __all__ = ["FAKE_WANDB_KEY", "REF_STEPS", "TINY_PREP_ARGS"]  # what test files import from here
 pytest_plugins = ["timings", "tiers"]  # `pytest --timings FILE`; the tiers and the order
 

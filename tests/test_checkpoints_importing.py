@@ -17,9 +17,9 @@ import torch
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.importing import NEVER, Imported, ImportedLayer, to_state_dict, write_import
+from app.classifier.features import prepare_texts, token_ids
 from app.common.errors import UserError
 from app.model.lm import LanguageModel
-from app.probing.features import prepare_texts, token_ids
 from data_prep.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

@@ -208,7 +208,8 @@ def test_features_out_are_what_transfer_reads(kept, tmp_path):
     import torch
 
     from app.checkpoints.loader import open_source
-    from app.probing.features import featurize_sets, token_ids
+    from app.classifier.features import token_ids
+    from app.probing.features import featurize_sets
 
     root, res = kept
     rows = dialogue_rows(botchan_sentences()[1000:1100])

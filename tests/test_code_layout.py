@@ -7,7 +7,8 @@ Layers, bottom to top; a module imports only from lower layers or from its own f
     2 app.parallel
     3 app.checkpoints, app.batching (a prepared split as batches: the trainer's and the evaluator's)
     4 app.generation (the trainer samples text at each validation)
-    5 app.evaluation (the trainer's validation passes are its held-out scoring)
+    5 app.evaluation (the trainer's validation passes are its held-out scoring), app.classifier (a kept
+      classifier's folder, head and features: what app.probing keeps and app.classifying runs)
     6 app.training, app.probing
     7 app.classifying (labelling new text with the classifier app.probing keeps)
     8 the entry points app/train.py, evaluate.py, generate.py, export.py, transfer.py, plot.py, import_weights.py,
@@ -32,6 +33,7 @@ LAYERS = {
     "app.batching": 3,
     "app.generation": 4,
     "app.evaluation": 5,
+    "app.classifier": 5,
     "app.training": 6,
     "app.probing": 6,
     "app.classifying": 7,

@@ -29,12 +29,13 @@ from test_evaluate import evaluate_cli
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.importing import NEVER
+from app.classifier.features import token_ids
 from app.classify import main as classify_main
 from app.export import load_exported
 from app.generate import main as generate_main
 from app.import_weights import main as import_main
 from app.model.config import PRESETS
-from app.probing.features import featurize_sets, token_ids
+from app.probing.features import featurize_sets
 from app.transfer import main as transfer_main
 
 TEXTS = ["I loved this product, it works great!", "Terrible. Broke &amp; died\nafter a day.", "ok"]

@@ -352,6 +352,31 @@ def test_build_failure_falls_back_with_one_warning(tmp_path):
     assert p.stderr.count("WARNING fused mLSTM core did not build") == 1, p.stderr[-3000:]
 
 
+def test_a_first_build_is_said_as_it_starts(tmp_path):
+    """Nothing built in the extensions folder: the build is said before it starts (a first classify or
+    transfer waits on it, and its time is start-up, not their rate); a built one loads without a word."""
+    code = (
+        "from app.common.logs import setup_logging\n"
+        "setup_logging()\n"
+        "from app.model import fused_core\n"
+        "print('ops', fused_core.fused_ops() is not None)\n"
+    )
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0 and "ops False" in p.stdout, p.stderr[-3000:]
+    assert "INFO the fused CPU core: building its C++ extension, once ..." in p.stderr, p.stderr[-3000:]
+    if fused_core.fused_ops() is not None:  # the built one of this process's folder: quiet
+        env.pop("TORCH_EXTENSIONS_DIR")
+        env.pop("CXX")
+        env.update({k: v for k, v in os.environ.items() if k == "TORCH_EXTENSIONS_DIR"})
+        p = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert "ops True" in p.stdout and "building its C++ extension" not in p.stderr, p.stderr[-3000:]
+
+
 def test_kernel_table_round_trips_through_a_checkpoint_without_measuring(monkeypatch):
     """A resumed run must use the kernels the first run measured (same rounding): the table a checkpoint
     keeps restores every row bucket of every (kind, K, N, dtype), and nothing is timed again. Entries

@@ -11,9 +11,11 @@ import pytest
 import torch
 from test_checkpoints_consolidate import tiny
 
+from app.classifier.features import batch_feature_sets
+from app.classifier.spec import FEATURES
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
-from app.probing.features import FEATURES, batch_feature_sets, featurize_sets, neuron_trace
+from app.probing.features import featurize_sets, neuron_trace
 
 
 @pytest.mark.parametrize("kind", ["final_cell", "final_hidden"])

@@ -14,11 +14,11 @@ import pytest
 import torch
 from test_transfer import run_transfer, task  # noqa: F401  (the fixture)
 
+from app.classifier.features import batch_feature_sets, length_batches, pooled
 from app.model.config import debug_config
 from app.model.lm import LanguageModel
 from app.probing.config import TransferConfig
-from app.probing.features import batch_feature_sets, length_batches
-from app.probing.finetune import FineTuneConfig, FineTuned, fine_tune, pooled
+from app.probing.finetune import FineTuneConfig, FineTuned, fine_tune
 from app.probing.run import finetune_report
 from app.transfer import main as transfer_main
 

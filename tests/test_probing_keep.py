@@ -1,5 +1,5 @@
 """app/probing/keep.py: a kept fine-tuned classifier labels text exactly as fine-tuning scored it, and a
-classifier folder is read by the handed-folder rules (app/common/handed.py): nothing outside the folder, its
+classifier folder (app.classifier.folder) is read by the handed-folder rules (app/common/handed.py): nothing outside the folder, its
 fields and the head's shapes checked before use, each problem one line naming the file and the field."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from test_classify import write_rows
 from test_transfer import texts_of
 
 from app.checkpoints.loader import open_source
+from app.classifier.features import token_ids
+from app.classifier.folder import read_classifier, write_classifier
 from app.classify import main as classify_main
 from app.common.errors import UserError
-from app.probing.features import token_ids
 from app.probing.finetune import FineTuneConfig, fine_tune
-from app.probing.keep import finetune_head, keep, load_head, probe_head
+from app.probing.keep import finetune_head, probe_head
 
 ALPHABETS = {"letters": "abcdefgh ", "digits": "0123456789.,;"}
 
@@ -51,7 +52,9 @@ def tuned(tmp_path_factory):
     )
     ft = fine_tune(model, splits, [1], 2, cfg, tok.pad_id)
     head = finetune_head(ft, [1], ["letters", "digits"], False, 24)
-    folder = keep(root / "clf", src, src.tokenizer_meta, ft.classifier.lm.state_dict(), head, {"C": None})
+    folder = write_classifier(
+        root / "clf", src, src.tokenizer_meta, ft.classifier.lm.state_dict(), head, {"C": None}
+    )
     return root, folder, ft, write_rows(root / "test.jsonl", parts["test"])
 
 
@@ -63,7 +66,7 @@ def test_a_kept_fine_tuned_classifier_predicts_what_fine_tuning_scored(tuned, tm
     got = [json.loads(line)["predicted"] for line in out.read_text().splitlines()]
     want = [["letters", "digits"][k] for k in ft.test_pred]
     assert got == want and len(set(got)) == 2
-    _, head = load_head(folder)
+    head = read_classifier(folder).head
     assert head.method == "finetune" and head.max_tokens == 24 and head.feature == "mean_hidden"
     w = ft.classifier.head.weight.detach().numpy()
     np.testing.assert_array_equal(head.weight, w)  # kept as trained, bit for bit
@@ -120,7 +123,7 @@ def test_a_tampered_folder_is_refused_in_one_line(tuned, tmp_path, capsys, how, 
         cfg["format"] = "mlstm-ds-export"
         (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError):
-        load_head(d)
+        read_classifier(d)
     rc = classify_main(["--classifier", str(d), "--input", str(test), "--output", str(tmp_path / "o.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
@@ -139,8 +142,10 @@ def test_a_probe_head_keeps_its_fit(tmp_path):
     assert head.top_neurons[0] == int(np.abs(coef[0]).argmax()) and len(head.top_neurons) == (coef != 0).sum()
     fake_checkpoint(tmp_path / "run", tiny(), "module")
     src = open_source(tmp_path / "run")
-    folder = keep(tmp_path / "clf", src, src.tokenizer_meta, src.load_model().state_dict(), head, {"C": 0.5})
-    _, back = load_head(folder)
+    folder = write_classifier(
+        tmp_path / "clf", src, src.tokenizer_meta, src.load_model().state_dict(), head, {"C": 0.5}
+    )
+    back = read_classifier(folder).head
     for k in ("mean", "scale", "weight", "bias"):
         np.testing.assert_array_equal(getattr(back, k), getattr(head, k))
         assert getattr(back, k).dtype == getattr(head, k).dtype

@@ -71,3 +71,12 @@ def test_a_file_that_is_not_utf8_names_the_encoding_and_the_first_bad_bytes_line
     )
     train.write_bytes(text.encode())  # the same rows in UTF-8 read as they are
     assert read_labelled("train", str(train), "text", "label").texts == [t for t, _ in rows]
+
+
+@pytest.mark.parametrize("data", [bytes(range(256)) * 12, b"PAR1 not a parquet file PAR1"])
+def test_a_file_that_is_not_parquet_is_one_line(tmp_path, capsys, data):
+    """Garbage named .parquet: one line of ours, not `datasets`' own logged line before it."""
+    train = tmp_path / "train.parquet"
+    train.write_bytes(data)
+    assert refused(tmp_path, train, capsys).startswith(f"error: --train {train}: cannot read it as parquet (")
+    assert train.read_bytes() == data

@@ -18,7 +18,7 @@ from test_checkpoints_consolidate import fake_checkpoint, tiny
 from test_classify import botchan_sentences, write_rows
 
 from app.classify import main as classify_main
-from app.probing.head import multilabel_scores
+from app.probing.scores import multilabel_scores
 from app.transfer import main as transfer_main
 
 LABELS = {

@@ -17,8 +17,9 @@ import pytest
 import torch
 from test_checkpoints_consolidate import fake_checkpoint, tiny
 
+from app.classifier.features import batch_feature_sets, length_batches, token_ids
 from app.model.reference import naive_mlstm
-from app.probing.features import batch_feature_sets, batch_features, featurize, length_batches, token_ids
+from app.probing.features import batch_features, featurize
 from app.transfer import main as transfer_main
 from data_prep.tokenizer import ByteTokenizer
 
@@ -292,7 +293,7 @@ def test_files_without_a_text_column_read_their_one_string_column(task, capsys):
     res = run_transfer(task)
     out = capsys.readouterr().out
     assert res["rows"] == {"train": 80, "test": 24}
-    said = "--text-field: no column 'text'; reading 'sentence', the one text column besides the label"
+    said = "--text-field: no column 'text'; reading 'sentence', its one column of text besides 'label'"
     assert out.count(said) == 1, out
     write_jsonl(task / "test.jsonl", [{"sentence": r["text"], "id": "x", "label": r["label"]} for r in test])
     rc = transfer_main(["--checkpoint", str(task / "run"), "--train", str(task / "test.jsonl"),

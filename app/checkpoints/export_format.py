@@ -7,7 +7,7 @@ tokenizer.model     the SentencePiece model (absent for the byte tokenizer)
 
 The same folder also loads with `transformers` (app.checkpoints.hf_format: more keys in config.json, a
 few more files) and carries a model card (README.md); this module reads only the three files above.
-A classifier folder (app.checkpoints.classifier_format) is an export too: its config says so and its
+A classifier folder (app.classifier.folder) is an export too: its config says so and its
 model.safetensors also holds the head's tensors ("classifier.*"), which the language model's readers here
 leave out.
 """
@@ -26,13 +26,13 @@ from app.model.config import ModelConfig
 
 EXPORT_FORMAT = "mlstm-ds-export"
 EXPORT_VERSION = 1
-CLASSIFIER_FORMAT = "mlstm-ds-classifier"  # app.checkpoints.classifier_format
+CLASSIFIER_FORMAT = "mlstm-ds-classifier"  # app.classifier.folder
 HEAD_PREFIX = "classifier."  # a classifier's head tensors in its model.safetensors
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
 FEATURE_PREPROCESS_KEY = "feature_preprocess"
-FEATURE_PREPROCESSES = ("none", "openai")  # what app.probing.features.prepare_texts does with each
+FEATURE_PREPROCESSES = ("none", "openai")  # what app.classifier.features.prepare_texts does with each
 
 
 def is_export_dir(p: Path) -> bool:

@@ -7,7 +7,7 @@ Every export carries it (nothing here needs transformers to write; it is a few K
     tokenizer_config.json   the tokenizer kind and its auto_map
     generation_config.json  bos/eos/pad, and pad/bos suppressed as app/generate.py bans them
 The weights are the same model.safetensors: the remote model's keys are mlstm-ds's own.
-A classifier folder (app.checkpoints.classifier_format) also loads with
+A classifier folder (app.classifier.folder) also loads with
 `AutoModelForSequenceClassification` and `pipeline("text-classification")`: `hf_classifier_config`.
 """
 
@@ -71,7 +71,7 @@ def hf_classifier_config(model_cfg: ModelConfig, tok_meta: dict, meta: dict, out
 
 def hf_files(tok_meta: dict, feature_preprocess: str = "none") -> dict[str, bytes]:
     """Remote code, tokenizer and generation configs: file name -> content. `feature_preprocess`: a
-    classifier's (its tokenizer prepares each text as app/probing/features.prepare_texts does)."""
+    classifier's (its tokenizer prepares each text as app/classifier/features.prepare_texts does)."""
     files = {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES}
     tokenizer_config = {
         "tokenizer_class": "MultiplicativeLSTMTokenizer",

@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from app.classifier.spec import Feature
 from app.common.numbers import check_numbers
 
 InputFormat = Literal["auto", "csv", "jsonl", "parquet", "lines"]
-Feature = Literal["final_cell", "final_hidden", "mean_hidden", "max_hidden"]  # app.probing.features.FEATURES
 INPUT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "lines"}
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # app.classifying.streams.COMPRESSED: read as a stream
 OUTPUT_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 
 
@@ -22,12 +23,16 @@ class ClassifyConfig:
     """Instead of --classifier: a language model (run directory, checkpoint or export folder) whose raw
     features go to --features-out (no labels; --features and --layer say which)."""
     input: str = "-"
-    """Texts to read: a .csv, .jsonl/.json, .parquet or plain-text file (one text a line), or - for stdin
-    (one text a line unless --input-format says otherwise)."""
+    """Texts to read: a .csv, .jsonl/.json, .parquet or plain-text (.txt, one text a line) file, the text
+    ones also compressed (.gz, .bz2, .xz, .zst: huge.jsonl.zst), or - for stdin (one text a line unless
+    --input-format says otherwise)."""
     input_format: InputFormat = "auto"
-    """auto (from --input's suffix; stdin: lines), csv, jsonl, parquet or lines."""
+    """auto (from --input's suffix, the one before a compression's; stdin: lines), csv, jsonl, parquet or
+    lines."""
     text_field: str = "text"
-    """Column (CSV, Parquet) or key (JSONL) holding the text; plain lines have no fields."""
+    """Column (CSV, Parquet) or key (JSONL) holding the text; plain lines have no fields. Where it is the
+    default and the file has no `text` column, its one column of text besides --keep-fields (SST's
+    `sentence`), said in one line: the rule app/transfer.py follows."""
     keep_fields: list[str] = field(default_factory=list)
     """Input columns copied to each output row beside the labels (an id, a gold label)."""
     output: str | None = None
@@ -79,6 +84,7 @@ class ClassifyConfig:
         if self.top_neurons < 0:
             raise ValueError(f"--top-neurons must be >= 0, got {self.top_neurons}")
         kind = self.input_kind()
+        self.check_compression()
         if self.input == "-" and kind == "parquet":
             raise ValueError("--input -: stdin can be csv, jsonl or lines; a Parquet file must be a file")
         if len(set(self.keep_fields)) != len(self.keep_fields):
@@ -91,6 +97,9 @@ class ClassifyConfig:
         if self.input == "-":
             return "lines"
         suffixes = [s.lower() for s in Path(self.input).suffixes]
+        packed = bool(suffixes) and suffixes[-1] in COMPRESSED
+        if packed:  # huge.jsonl.zst: the suffix before the compression's says the format
+            suffixes = suffixes[:-1]
         kind = INPUT_SUFFIXES.get(suffixes[-1]) if suffixes else None
         if kind is None:
             raise ValueError(
@@ -98,6 +107,15 @@ class ClassifyConfig:
                 "csv, jsonl, parquet or lines"
             )
         return kind
+
+    def check_compression(self) -> None:
+        """A Parquet file is compressed inside; it is never read through a .gz/.bz2/.xz/.zst stream."""
+        packed = self.input != "-" and Path(self.input).suffix.lower() in COMPRESSED
+        if packed and self.input_kind() == "parquet":
+            raise ValueError(
+                f"--input {self.input}: a Parquet file is read whole, not through {Path(self.input).suffix}; "
+                "decompress it first"
+            )
 
     def output_kind(self) -> str | None:
         return None if self.output is None else OUTPUT_SUFFIXES[Path(self.output).suffix.lower()]

@@ -1,16 +1,19 @@
 """Resumable output: each chunk of --chunk-rows input rows becomes a part file in the work folder, and the
 output is the parts joined in order once every chunk has one.
 
-    <work>/manifest.json          what the parts were made from: the input (path, size, modification
-                                  time), the classifier (its config's digest, its weights' size), every
-                                  setting that changes a byte of the output
+    <work>/manifest.json          what the parts were made from: the input's path, the classifier (its
+                                  files' names, sizes and times), every setting that changes a byte of
+                                  the output
     <work>/part-00000012.<ext>    chunk 12's output rows (csv/jsonl without a header, or parquet)
     <work>/part-00000012.npy      its features (--features-out)
-    <work>/part-00000012.json     its counts and bad rows: written last, so a part with its .json is whole
+    <work>/part-00000012.json     its counts and bad rows and the digest of the input bytes it was made
+                                  from: written last, so a part with its .json is whole
 
-A rerun of the same command (any number of ranks) skips the chunks whose .json exists and classifies the
-rest; chunks are the same whatever the ranks, so the joined output is byte for byte the uninterrupted
-run's. A manifest that does not match (another input, classifier or setting) is said in one line and the
+A rerun of the same command (any number of ranks) reads the input again, as it must to reach its chunks,
+and skips each chunk whose part was made from the bytes it reads now (their digest); it classifies the
+rest afresh, so a rewritten input that keeps its path, size and modification time never mixes old labels
+into the output. Chunks are the same whatever the ranks, so the joined output is byte for byte the
+uninterrupted run's. A manifest that does not match (another input, classifier or setting) is said in one line and the
 old parts are removed. The work folder is removed once the output is written.
 
 Only our files are ever deleted (app.common.outputs): the folder carries our mark, which lists the names
@@ -62,8 +65,17 @@ class WorkDir:
     def features(self, chunk: int) -> Path:
         return self._name(chunk, "npy")
 
-    def done(self, chunk: int) -> bool:
-        return self._name(chunk, "json").is_file()
+    def made_from(self, chunk: int) -> str | None:
+        """The digest of the input bytes the chunk's part was made from (None: no whole part; a record
+        unreadable or of an older version is no part either: the chunk is classified again)."""
+        try:
+            return json.loads(self._name(chunk, "json").read_text()).get("input_sha256")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def parts_done(self) -> int:
+        """Whole parts in the folder (a record each)."""
+        return len(list(self.path.glob("part-*.json"))) if self.path.is_dir() else 0
 
     def stats(self, chunk: int) -> dict:
         p = self._name(chunk, "json")

@@ -1,11 +1,12 @@
 """The output's rows in CSV, JSON Lines or Parquet: one part file per chunk, then the parts joined in order.
 
 Columns: `row` (the input's 1-based row), the --keep-fields, `predicted` (the class; multi-label: every
-label at or over its threshold, which CSV joins with ";" and JSONL and Parquet hold as a list), `p_<label>`
-(each class's or label's probability) and `neuron_<n>` (the value of feature column n, the classifier's
-strongest first). Numbers are float32, written as the shortest decimal that reads back to the same float32,
-so equal arrays give equal bytes. Parquet keeps a Parquet input's --keep-fields types; other inputs' kept
-values are text there (JSON for a JSONL number or object).
+label at or over its threshold, a list in JSONL and Parquet; in CSV the labels joined with ";", a ";" or
+"\\" inside a label escaped with a "\\" before it, so a label `a;b` reads `a\\;b`: `split_labels` reads it
+back), `p_<label>` (each class's or label's probability) and `neuron_<n>` (the value of feature column n,
+the classifier's strongest first). Numbers are float32, written as the shortest decimal that reads back
+to the same float32, so equal arrays give equal bytes. Parquet keeps a Parquet input's --keep-fields
+types; other inputs' kept values are text there (JSON for a JSONL number or object).
 """
 
 from __future__ import annotations
@@ -74,6 +75,28 @@ class Rows:
     neurons: np.ndarray  # (n, t) float32
 
 
+def join_labels(labels: list[str]) -> str:
+    """A multi-label CSV cell: the labels joined with ";", each ";" and "\\" in a label escaped by a "\\"."""
+    return ";".join(s.replace("\\", "\\\\").replace(";", "\\;") for s in labels)
+
+
+def split_labels(cell: str) -> list[str]:
+    """`join_labels`' cell -> the labels (the reading docs/classify.md shows)."""
+    labels, cur, escape = [], [], False
+    for c in cell:
+        if escape:
+            cur.append(c)
+            escape = False
+        elif c == "\\":
+            escape = True
+        elif c == ";":
+            labels.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    return [*labels, "".join(cur)] if cell else []
+
+
 def _floats(a: np.ndarray) -> list[list[str]]:
     return [[str(v) for v in row] for row in a.astype(np.float32)]
 
@@ -89,7 +112,7 @@ def part_bytes(kind: str, cols: Columns, rows: Rows) -> bytes:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         for i, n in enumerate(rows.number):
-            label = ";".join(rows.labels[i]) if cols.multi_label else rows.labels[i]
+            label = join_labels(rows.labels[i]) if cols.multi_label else rows.labels[i]
             kept = ["" if rows.kept[i][k] is None else _text(rows.kept[i][k]) for k in cols.keep]
             w.writerow([int(n), *kept, label, *probs[i], *neurons[i]])
         return buf.getvalue().encode("utf-8")

@@ -84,6 +84,29 @@ def resolve(name: str, flag: str, say=None, cpu_choice: str | None = None, asked
     return dev
 
 
+def rank_device(name: str, flag: str, say=None):
+    """`resolve` for one rank of a launch: `auto` (on a machine with CUDA) and `cuda` mean this rank's own
+    device, cuda:LOCAL_RANK (DeepSpeed's launcher shows every rank the node's devices and numbers the ranks
+    of a node by LOCAL_RANK); cpu and cuda:N are as asked. `auto` says what it chose through `say`."""
+    import torch
+
+    from app.common.errors import UserError
+
+    dev = resolve(name, flag, None if torch.cuda.is_available() else say)
+    if dev.type != "cuda" or ":" in name:
+        return dev
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if local >= torch.cuda.device_count():
+        raise UserError(
+            f"{flag} {name}: this is local rank {local}, but {cuda_seen()}; launch at most "
+            f"{torch.cuda.device_count()} ranks a node (deepspeed --num_gpus)"
+        )
+    dev = torch.device("cuda", local)
+    if name == "auto" and say is not None:
+        say(f"{flag} auto: {dev}, {torch.cuda.get_device_name(dev)}")
+    return dev
+
+
 def quickstart_device(asked: str) -> int:
     """launch/quickstart.sh's DEVICE (auto, cpu or gpu): prints the device to use (cpu or gpu) on stdout and
     what decided it on stderr; DEVICE=gpu without a usable GPU is one error line and exit status 2."""

@@ -153,10 +153,13 @@ class Progress:
         unit: str,
         say: Callable[[str], None] | None = None,
         bar: bool = True,
+        detail: Callable[[], str] | None = None,
     ) -> None:
-        """`total` None: a count with no end known; `bar` False: lines only, on a terminal too."""
+        """`total` None: a count with no end known; `bar` False: lines only, on a terminal too; `detail`:
+        what else the line says (and the bar beside its count), read each time one is written."""
         self.total, self.desc, self.unit, self.n = total, desc, unit, 0
         self.say = say or get_logger().info
+        self.detail = detail
         self.bar = progress_bar(total, desc, unit) if bar else None
         self.t0 = time.monotonic()
         self._done = threading.Event()
@@ -167,18 +170,22 @@ class Progress:
 
     def status(self) -> str:
         seconds = f"{time.monotonic() - self.t0:.0f} s"
+        more = f", {self.detail()}" if self.detail is not None else ""
         if self.total is None and self.n == 0:
-            return f"{self.desc}: {seconds} so far"
+            return f"{self.desc}: {seconds} so far{more}"
         of = f"/{self.total}" if self.total else ""
-        return f"{self.desc}: {self.n}{of} {self.unit}s, {seconds}"
+        return f"{self.desc}: {self.n}{of} {self.unit}s, {seconds}{more}"
 
     def _beat(self) -> None:
         while not self._done.wait(heartbeat_s()):
             self.say(self.status())
 
     def update(self, n: int = 1) -> None:
+        """`n` more units done (0: none, but the bar's detail is redrawn)."""
         self.n += n
-        if self.bar is not None:
+        if self.bar is not None and not self.bar.disable:
+            if self.detail is not None:
+                self.bar.set_postfix_str(self.detail(), refresh=False)
             self.bar.update(n)
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from app.batching.buckets import BucketSchedule, TokenStore, bucket_counts
@@ -23,8 +22,10 @@ from app.checkpoints.consolidate import to_module_state
 from app.checkpoints.loader import Source, open_source
 from app.checkpoints.run_info import eval_result_path
 from app.common import outputs
+from app.common.devices import rank_device
 from app.common.errors import UserError
 from app.common.logs import Progress, get_logger, heartbeat
+from app.common.text import without_bom
 from app.evaluation.bounds import Inputs, cap_lengths, check_evaluation_fits
 from app.evaluation.cache import CACHE_COLUMNS, cache_fields, cache_lines, cache_nats
 from app.evaluation.compressors import compressed_bits_per_byte
@@ -49,7 +50,7 @@ def read_texts(paths: list[str]) -> list[tuple[str, bytes, str]]:
     for name in paths:
         p = Path(name)
         try:
-            raw = p.read_bytes()
+            raw = without_bom(p.read_bytes())  # a byte-order mark is no text of the file's
             text = raw.decode("utf-8")
         except OSError as e:
             raise UserError(f"--text {p}: cannot read ({e.strerror or e})") from None
@@ -198,7 +199,7 @@ class Evaluator:
         log = get_logger()
         say, note = (log.warning, log.info) if rank == 0 else (None, None)
         self.cfg = cap_lengths(self.cfg, inputs, say, note)
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        device = str(rank_device("auto", "device"))  # the device this rank's engine takes
         reads = rank == 0 and bool(self.texts or self.data)
         check_evaluation_fits(
             self.cfg, self.src.model_cfg, inputs, stages=self.cfg.pipeline_stages, device=device, reads=reads

@@ -80,12 +80,12 @@ def read_prompts(cfg: GenerateConfig, stdin: TextIO) -> list[str]:
             text.encode("utf-8")  # a C locale reads undecodable bytes as surrogates, which no tokenizer takes
         except UnicodeError as e:
             raise UserError(f"--prompt -: stdin is not UTF-8 text ({e.__class__.__name__})") from None
-        return [text.removesuffix("\n")]
+        return [text.removeprefix("\ufeff").removesuffix("\n")]  # a byte-order mark is no prompt's
     if cfg.prompts is None:
         return [cfg.prompt or ""]
     p = Path(cfg.prompts)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark dropped
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"--prompts {p}: cannot read ({e.__class__.__name__}: {e})") from None
     prompts = [ln for ln in lines if ln.strip()]

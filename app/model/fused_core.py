@@ -67,7 +67,7 @@ from pathlib import Path
 
 import torch
 
-from app.common.logs import Progress
+from app.common.logs import Progress, heartbeat
 from app.common.toolchain import build_directory, build_lock, use_environment_scripts
 from app.model import matmul
 from app.model.matmul import grad_weight, linear
@@ -110,6 +110,17 @@ def _build() -> None:
         )
 
 
+def _needs_build() -> bool:
+    """No library built from these sources yet (torch's loader also rebuilds one whose sources or flags
+    changed; this says so for the cases we can see: none built, or built from another checkout's files)."""
+    folder = build_directory(EXTENSION)
+    try:
+        ninja = (folder / "build.ninja").read_text()
+    except OSError:
+        return True
+    return not (folder / f"{EXTENSION}.so").is_file() or str(_SOURCES[0]) not in ninja
+
+
 def fused_ops():
     """The compiled ops (torch.ops.mlstm_cpu), built on first call; None when the build failed."""
     if "ops" in _state or "error" in _state:
@@ -117,8 +128,10 @@ def fused_ops():
     with _lock:
         if "ops" not in _state and "error" not in _state:
             try:
-                # a first build takes tens of seconds (minutes on a loaded machine): said every heartbeat
-                with Progress(None, "the fused CPU core: building its C++ extension, once", "s", bar=False):
+                # a first build takes tens of seconds (minutes on a loaded machine): said as it starts (no
+                # library of it yet) and every heartbeat; loading a built one is quiet
+                desc = "the fused CPU core: building its C++ extension, once"
+                with heartbeat(desc) if _needs_build() else Progress(None, desc, "s", bar=False):
                     _build()
                 _state["ops"] = torch.ops.mlstm_cpu
                 _register_packed(torch.ops.mlstm_cpu.isa(-1))

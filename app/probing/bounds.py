@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from app.classifier.features import length_batches
 from app.common.resources import cap, check_fits
 from app.model.memory import activation_floats_per_token, prefill_floats_per_token, step_bytes, weight_bytes
 from app.probing.config import TransferConfig
-from app.probing.features import length_batches
 
 MAX_HEATMAP_TEXTS = 32  # rows of the per-character figure: more are not readable (each is a stepped trace)
 

@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from app.classifier.spec import FEATURES, parse_layers
 from app.common.numbers import check_numbers
 
-Feature = Literal["auto", "final_cell", "final_hidden", "mean_hidden", "max_hidden"]
-FEATURES = typing.get_args(Feature)[1:]  # the kinds; "auto" tries each
-
-
-def parse_layers(spec: str, num_layers: int) -> list[int]:
-    """--layer: "-1" (the last), "0", "0,2" (side by side, in this order) or "all" -> 0-based indices."""
-    if spec.strip() == "all":
-        return list(range(num_layers))
-    try:
-        picked = [int(v) for v in spec.split(",")]
-    except ValueError:
-        raise ValueError(f"--layer must be an integer, a comma list of them or all, got {spec!r}") from None
-    for i in picked:
-        if not -num_layers <= i < num_layers:
-            raise ValueError(
-                f"--layer {spec}: the model has {num_layers} recurrent layers (0..{num_layers - 1}, or -1)"
-            )
-    out = [i % num_layers for i in picked]
-    if len(set(out)) != len(out):
-        raise ValueError(f"--layer {spec}: a layer is named twice")
-    return out
+Feature = Literal["auto", "final_cell", "final_hidden", "mean_hidden", "max_hidden"]  # auto: each of FEATURES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,6 +63,10 @@ class TransferConfig:
     finetune_max_tokens: int = 1024
     """Fine-tuning: each text read up to this many tokens, BOS included (its memory grows with the
     length); texts cut are counted in transfer.json (0: whole texts)."""
+    drop_rare_labels: bool = False
+    """Multi-label: leave out (said in one line) each label a split cannot hold: fewer than two positive
+    rows in --train when validation is split from it, none in --validation or in --test. Without it such a
+    label stops the run before featurising (one missing from --test only is said)."""
     finetune_from_scratch: bool = False
     """Fine-tune the same architecture from a fresh initialisation instead: the control that shows what
     the LM's pretraining adds."""

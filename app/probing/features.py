@@ -1,18 +1,12 @@
-"""Features of texts from a language model, through the recurrent prefill path (`RecurrentLayer.prefill`).
-
-Each text is read as [BOS, tokens...] (as in training), after the model's `feature_preprocess` (an
-import's: `prepare_texts`). Texts are sorted by length and batched under a
-padded-token budget; in a right-padded batch every row's feature is taken after ITS last real token
-(the recurrence is causal, so the pads that follow never reach it); mean_hidden and max_hidden pool the
-layer's output over real positions only. One pass gives every kind; with several layers (--layer all,
-or a list) each kind is their features side by side. Layers above the highest asked for are never run. Features are cached as float32 .npy files keyed by
-the checkpoint's files and the text file's bytes, and read back with allow_pickle=False.
+"""Transfer's features of its labelled splits: every kind at once through the prefill path
+(app.classifier.features, the arithmetic a kept classifier reads them with), with a progress bar, cached
+as float32 .npy files keyed by the checkpoint's files and the text file's bytes and read back with
+allow_pickle=False; and one neuron's trace over a text (the heatmap's values).
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.classifier.features import batch_feature_sets, chunked_feature_sets, length_batches
+from app.classifier.spec import FEATURES
 from app.common.logs import progress_bar
 from app.model.lm import LanguageModel
 
 CACHE_VERSION = 2
-FEATURES = ("final_cell", "final_hidden", "mean_hidden", "max_hidden")  # app.probing.config.FEATURES
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,96 +36,6 @@ class FeatureSets:
     tokens: int
     seconds: float
     cached: bool
-
-
-def prepare_texts(texts: list[str], preprocess: str = "none") -> list[str]:
-    """The texts as the model's features read them (`feature_preprocess` of its export config): "openai" is
-    OpenAI's `preprocess` (utils.py of generating-reviews-discovering-sentiment: HTML entities unescaped,
-    newlines as spaces, stripped) padded " " + text + " ": after BOS, which an import reads as "\n", that is
-    their "\n " + text + " "; "none" leaves them as they are."""
-    if preprocess == "none":
-        return texts
-    if preprocess != "openai":
-        raise ValueError(f"unknown feature preprocessing {preprocess!r}")
-    return [" " + html.unescape(t).replace("\n", " ").strip() + " " for t in texts]
-
-
-def token_ids(tokenizer, texts: list[str], preprocess: str = "none") -> list[np.ndarray]:
-    """[BOS, tokens...] of each text, after `prepare_texts`."""
-    encoded = tokenizer.encode_batch(prepare_texts(texts, preprocess))
-    return [np.asarray([tokenizer.bos_id, *ids], dtype=np.int64) for ids in encoded]
-
-
-def length_batches(
-    lengths: np.ndarray, batch_tokens: int, max_rows: int | None = None, sort_key: np.ndarray | None = None
-) -> list[np.ndarray]:
-    """Indices sorted by length (or by `sort_key`, e.g. jittered lengths), cut so each batch's padded size
-    (rows x longest) stays within the budget and it holds at most `max_rows` rows."""
-    order = np.argsort(lengths if sort_key is None else sort_key, kind="stable")
-    batches, start, longest = [], 0, 0
-    for end in range(1, len(order) + 1):
-        longest = max(longest, int(lengths[order[end - 1]]))
-        if end == len(order):
-            batches.append(order[start:end])
-            break
-        grown = max(longest, int(lengths[order[end]]))
-        if (end + 1 - start) * grown > batch_tokens or (max_rows is not None and end - start >= max_rows):
-            batches.append(order[start:end])
-            start, longest = end, 0
-    return batches
-
-
-@torch.no_grad()
-def batch_feature_sets(
-    model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]
-) -> dict[str, torch.Tensor]:
-    """ids (B, T) right-padded, lengths (B,) -> {kind: (B, H * len(layers))}, every kind of FEATURES from
-    one pass, the listed recurrent layers' features side by side (in the order given)."""
-    real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]  # (B, T)
-    x = model.embedding(ids)  # (B, T, E)
-    per_layer: dict[int, dict[str, torch.Tensor]] = {}
-    for i, layer_mod in enumerate(model.recurrent[: max(layers) + 1]):
-        x, (h, c) = layer_mod.prefill(x, lengths)  # (B, T, H), state after each row's last real token
-        if i in layers:
-            mask = real[..., None].to(x.dtype)  # (B, T, 1)
-            per_layer[i] = {
-                "final_cell": c,
-                "final_hidden": h,
-                "mean_hidden": (x * mask).sum(1) / lengths[:, None].to(x.dtype),  # (B, H)
-                "max_hidden": x.masked_fill(~real[..., None], float("-inf")).amax(1),  # (B, H)
-            }
-    return {k: torch.cat([per_layer[i][k] for i in layers], dim=1) for k in FEATURES}
-
-
-@torch.no_grad()
-def chunked_feature_sets(model: LanguageModel, ids: torch.Tensor, layers: list[int], chunk: int) -> dict:
-    """ids (1, T) of one text longer than `chunk` -> `batch_feature_sets`' {kind: (1, H * len(layers))},
-    read `chunk` tokens at a time with every layer's state carried from one piece to the next: the memory of
-    a piece, not of the whole text (a text of millions of tokens featurizes in the memory of --batch-tokens),
-    the same features (the recurrence is the same; only the order of the mean's and max's sums differs)."""
-    top = max(layers) + 1
-    states: list = [None] * top
-    sums: dict[int, torch.Tensor] = {}
-    maxes: dict[int, torch.Tensor] = {}
-    for a in range(0, ids.shape[1], chunk):
-        x = model.embedding(ids[:, a : a + chunk])  # (1, C, E)
-        n = torch.tensor([x.shape[1]], device=ids.device)
-        for i, layer_mod in enumerate(model.recurrent[:top]):
-            x, states[i] = layer_mod.prefill(x, n, state=states[i])  # (1, C, H), the state after the piece
-            if i in layers:
-                s, m = x.sum(1), x.amax(1)  # (1, H)
-                sums[i] = s if i not in sums else sums[i] + s
-                maxes[i] = m if i not in maxes else torch.maximum(maxes[i], m)
-    per_layer = {
-        i: {
-            "final_cell": states[i][1],
-            "final_hidden": states[i][0],
-            "mean_hidden": sums[i] / ids.shape[1],
-            "max_hidden": maxes[i],
-        }
-        for i in layers
-    }
-    return {k: torch.cat([per_layer[i][k].to(sums[i].dtype) for i in layers], dim=1) for k in FEATURES}
 
 
 def batch_features(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, kind: str, layer: int):

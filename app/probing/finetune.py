@@ -1,7 +1,7 @@
 """Fine-tuning beside the probe: the LM's embedding and recurrent layers and a linear head, trained
 together on the labelled texts (the classifier fine-tuning of ULMFiT and of NVIDIA's sentiment-discovery).
 
-The head reads the mean of the chosen layers' outputs over each text's real tokens: the layers' `forward`
+The head reads the mean of the chosen layers' outputs over each text's real tokens (app.classifier.features.pooled): the layers' `forward`
 (the training path, from a zero state) on right-padded batches, where the recurrence is causal, so the
 pads that follow a text never reach its real positions. AdamW (weight decay 0.01), the LM at `lr` and
 the head at HEAD_LR_SCALE x `lr`, gradients clipped to norm 1. Batches are texts of similar length (sorted
@@ -13,8 +13,8 @@ validation accuracy is measured; the epoch with the best one keeps its weights, 
 train and test rows. Epochs stop early once PATIENCE of them in a row have not beaten the best one (more
 cannot be picked unless the accuracy climbs back), said in one line; every epoch has a progress bar on a
 terminal and a line when it ends. The checkpoint's files are never written: the model is a float32 copy in
-memory (app/probing/keep.py keeps it when the validation split picks it). Multi-label: a sigmoid head,
-binary cross-entropy per label, the thresholds chosen on validation after each epoch (app/probing/head.py).
+memory (app.classifier.folder keeps it when the validation split picks it). Multi-label: a sigmoid head,
+binary cross-entropy per label, the thresholds chosen on validation after each epoch (app/probing/scores.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from app.classifier.features import length_batches, pooled
+from app.classifier.head import sigmoid
 from app.common.logs import heartbeat, progress_bar
 from app.model.lm import LanguageModel
-from app.probing.features import length_batches
-from app.probing.head import best_thresholds, f1_per_label, sigmoid
+from app.probing.scores import best_thresholds, f1_per_label
 
 HEAD_LR_SCALE = 3.0
 WEIGHT_DECAY = 0.01
@@ -71,19 +72,6 @@ class FineTuned:
 
 
 Split = tuple[list[np.ndarray], np.ndarray]  # (token ids per text, labels (n,) or a 0/1 matrix (n, K))
-
-
-def pooled(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]) -> torch.Tensor:
-    """ids (B, T) right-padded, lengths (B,) -> (B, H * len(layers)): the listed layers' outputs averaged
-    over each row's real tokens, side by side in the order given (differentiable)."""
-    real = (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None])[..., None]  # (B, T, 1)
-    x = model.embedding(ids)  # (B, T, E)
-    means = {}
-    for i, layer in enumerate(model.recurrent[: max(layers) + 1]):
-        x = layer(x)  # (B, T, H)
-        if i in layers:
-            means[i] = (x * real.to(x.dtype)).sum(1) / lengths[:, None].to(x.dtype)
-    return torch.cat([means[i] for i in layers], dim=1)
 
 
 class Classifier(nn.Module):
@@ -137,7 +125,7 @@ def score(
     at `thresholds`, or at the best ones for `data` when None (the validation split's)."""
     if not cfg.multi_label:
         return (*accuracy(clf, data, cfg, pad_id), None)
-    probs = sigmoid(logits(clf, data[0], cfg, pad_id).astype(np.float64))  # as app.probing.head.Head does
+    probs = sigmoid(logits(clf, data[0], cfg, pad_id).astype(np.float64))  # as app.classifier.head.Head does
     if thresholds is None:
         thresholds, _ = best_thresholds(probs, data[1])
     pred = (probs >= thresholds).astype(np.int64)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.common.errors import UserError
+from app.common.text import DEFAULT_TEXT_FIELD, SAMPLE_ROWS, text_column
 from data_prep import csv_rows, readers
 
 FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-DEFAULT_TEXT_FIELD = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +39,24 @@ def _load(flag: str, p: Path):
         raise UserError(f"--{flag} {p}: no such file")
     if fmt in ("csv", "json"):
         _check_utf8(flag, p)
+    if fmt == "parquet":  # a file that is not Parquet: our one line, before `datasets` logs its own
+        _check_parquet(flag, p)
     datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(fmt, data_files=str(p), split="train")
     except Exception as e:  # datasets wraps every parser error differently; the user needs the first line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"--{flag} {p}: cannot read it as {fmt} ({msg})") from None
+
+
+def _check_parquet(flag: str, p: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(p).schema_arrow  # noqa: B018 - reading the footer is the check
+    except Exception as e:  # pyarrow raises several kinds for a file that is not Parquet
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"--{flag} {p}: cannot read it as parquet ({msg})") from None
 
 
 def _check_utf8(flag: str, p: Path) -> None:
@@ -72,19 +84,15 @@ def _missing(y) -> bool:
 
 
 def _text_column(ds, text_field: str, label_fields: list[str], say: Callable[[str], None] | None) -> str:
-    """`text_field`; where that is the default `text` and the file has no such column, its one string
-    column besides the label (GLUE/SST's `sentence`), said in one line through `say`."""
-    if text_field in ds.column_names or text_field != DEFAULT_TEXT_FIELD:
-        return text_field
-    strings = [
-        c for c in ds.column_names
-        if c not in label_fields and getattr(ds.features[c], "dtype", None) in ("string", "large_string")
-    ]  # fmt: skip
-    if len(strings) != 1:
-        return text_field  # none or several to choose from: the caller names the columns there are
-    if say is not None:
-        say(f"--text-field: no column 'text'; reading {strings[0]!r}, the one text column besides the label")
-    return strings[0]
+    """`text_field`, or where that is the default `text` and the file has no such column, its one column of
+    text besides the labels (GLUE/SST's `sentence`; app.common.text.text_column, app/classify.py's rule
+    too), said in one line through `say`."""
+    head = ds.select(range(min(SAMPLE_ROWS, len(ds))))
+    sample = {c: head[c] for c in ds.column_names}
+    column, said = text_column(text_field, ds.column_names, sample, label_fields)
+    if said is not None and say is not None:
+        say(said)
+    return column
 
 
 def read_labelled(

@@ -7,7 +7,7 @@ positive and negative rows in --train (one line names the label otherwise).
 The probe: one-vs-rest L1 logistic regressions, every label's on the same path of app/probing/l1_path.py
 over C_GRID (one pass over the standardised features serves all labels; the objective is separable, so
 each label's weights are its own fit's). At each C every label gets the threshold with its best validation
-F1 (app.probing.head.best_thresholds); each label keeps the C with its best such F1, with that threshold
+F1 (app.probing.scores.best_thresholds); each label keeps the C with its best such F1, with that threshold
 (ties: the smaller C). No refit on train + validation (the single-label probe's last step): a threshold belongs to the
 model it was chosen for. The feature kind is picked by validation macro F1.
 """
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.classifier.head import sigmoid, top_neurons
 from app.common.errors import UserError
-from app.probing.head import best_thresholds, multilabel_scores, sigmoid, top_neurons
 from app.probing.l1_path import l1_path
 from app.probing.probe import C_GRID, _single_neuron, standardise
+from app.probing.scores import best_thresholds, multilabel_scores
 
 TRUE = ("1", "true", "yes", "y", "t")
 FALSE = ("0", "false", "no", "n", "f", "")
@@ -34,6 +35,7 @@ class MultiLabels:
     sorted union of a list column's labels)."""
 
     names: list[str]
+    dropped: tuple[str, ...] = ()  # --drop-rare-labels: left out of the task (and out of every row)
 
     def encode(self, data, flag: str) -> np.ndarray:
         """A Labelled's rows (their tuples of label names) -> a 0/1 matrix (n, K); a label --train does not
@@ -42,6 +44,8 @@ class MultiLabels:
         Y = np.zeros((len(data.labels), len(self.names)), dtype=np.int64)
         for r, row in enumerate(data.labels):
             for name in row:
+                if name in self.dropped:
+                    continue
                 if name not in index:
                     raise UserError(
                         f"--{flag} {data.path}: row {r + 1}: label {name!r} does not occur in --train "
@@ -74,15 +78,18 @@ def list_labels(value: object, field: str, row: int, where: str) -> tuple[str, .
     return tuple(sorted({str(v) for v in value}))
 
 
-def labels_of(train_labels: list[tuple[str, ...]], fields: list[str], path) -> MultiLabels:
+def labels_of(
+    train_labels: list[tuple[str, ...]], fields: list[str], path, rare_ok: bool = False
+) -> MultiLabels:
     """The label set (several fields: their names in order; a list field: the sorted union), each label
-    checked to have positive and negative rows in --train."""
+    checked to have positive and negative rows in --train (`rare_ok`, --drop-rare-labels: a label of no
+    positive row is left for app.probing.splits.check_labels to drop)."""
     names = fields if len(fields) > 1 else sorted({n for row in train_labels for n in row})
     if not names:
         raise UserError(f"--train {path}: no row has a label; a multi-label task needs some")
     counts = {n: sum(n in row for row in train_labels) for n in names}
     for n, c in counts.items():
-        if c in (0, len(train_labels)):
+        if (c == 0 and not rare_ok) or c == len(train_labels):
             which = "no row" if c == 0 else "every row"
             raise UserError(
                 f"--train {path}: {which} of --train has the label {n!r}; a one-vs-rest probe needs "
@@ -181,19 +188,15 @@ def fit_multilabel_probe(
 
 def _single(order, coef, names, tr, te, mean, scale, seed) -> dict:
     """The top neuron alone on the label it weighs most (of those with both classes among the training
-    rows): a one-feature logistic regression's accuracy on that label (the threshold in the raw neuron's
-    units)."""
+    rows): a one-feature logistic regression on that label, its balanced accuracy the figure (a rare
+    label's plain accuracy is its all-negative rate however the neuron does; both are kept), the threshold
+    in the raw neuron's units."""
     n = order[0] if order else 0
     both = [k for k in range(len(names)) if 0 < tr[1][:, k].sum() < len(tr[1])]
     k = max(both, key=lambda j: abs(coef[j, n])) if both else int(np.abs(coef[:, n]).argmax())
     if not both:  # no label has both classes among the training rows: nothing to fit a threshold on
-        return {
-            "label": names[k],
-            "neuron": int(n),
-            "train_accuracy": None,
-            "test_accuracy": None,
-            "threshold": None,
-        }
+        none = ("train_accuracy", "test_accuracy", "train_balanced_accuracy", "test_balanced_accuracy")
+        return {"label": names[k], "neuron": int(n), **dict.fromkeys(none), "threshold": None}
     single = _single_neuron(n, (tr[0], tr[1][:, k]), (te[0], te[1][:, k]), seed)
     thr = single.pop("threshold_standardised")
     single["threshold"] = [float(t * scale[n] + mean[n]) for t in thr] if thr else None

@@ -7,7 +7,8 @@ beside it is what the LM's features add over counting n-grams.
 
 Multi-label: one-vs-rest, as the multi-label probe (app/probing/multilabel.py): per label, the C and the
 threshold with the best validation F1, no refit (a threshold belongs to the model it was chosen for);
-per-label F1, macro F1 and Jaccard on the test rows.
+per-label F1, macro F1 and Jaccard on the test rows. A label the fitting rows hold on none (or on every)
+row cannot be fitted: it is predicted as they have it, and `not_fitted` says so in transfer.json.
 """
 
 from __future__ import annotations
@@ -63,14 +64,22 @@ def ngram_baseline(train: tuple, val: tuple, test: tuple, seed: int, labels: lis
 
 def _one_vs_rest(train: tuple, val: tuple, test: tuple, seed: int, labels: list[str]) -> dict:
     """(texts, Y (n, K) 0/1) triples -> per label the C and threshold picked on validation, and the test
-    figures (app.probing.head.multilabel_scores)."""
-    from app.probing.head import best_thresholds, multilabel_scores
+    figures (app.probing.scores.multilabel_scores)."""
+    from app.probing.scores import best_thresholds, multilabel_scores
 
     (t_tr, Y_tr), (t_va, Y_va), (t_te, Y_te) = train, val, test
     vec = _vectorizer().fit(t_tr)
     X_tr, X_va, X_te = vec.transform(t_tr), vec.transform(t_va), vec.transform(t_te)
     C_by, thr, P_te, P_tr = {}, np.zeros(len(labels)), np.zeros_like(Y_te), np.zeros_like(Y_tr)
+    not_fitted = {}
     for k, name in enumerate(labels):
+        if len(np.unique(Y_tr[:, k])) < 2:  # one class only among the fitting rows: nothing to tell apart
+            has = "every" if Y_tr[:, k].all() else "no"
+            not_fitted[name] = (
+                f"{has} fitting row has the label: predicted {'on' if has == 'every' else 'off'}"
+            )
+            P_te[:, k], P_tr[:, k], thr[k] = Y_tr[0, k], Y_tr[0, k], np.nan
+            continue
         fits, f1, t = {}, {}, {}
         for C in NGRAM_C_GRID:
             fits[C] = _model(C, seed, True).fit(X_tr, Y_tr[:, k])
@@ -85,7 +94,8 @@ def _one_vs_rest(train: tuple, val: tuple, test: tuple, seed: int, labels: list[
         "model": "tf-idf word 1-2 grams + char 2-5 grams, L2 logistic regression, one-vs-rest",
         "features": len(vec.get_feature_names_out()),
         "C_by_label": C_by,
-        "thresholds": {name: float(v) for name, v in zip(labels, thr)},
+        "thresholds": {name: float(v) for name, v in zip(labels, thr) if name not in not_fitted},
+        "not_fitted": not_fitted,
         "train_macro_f1": multilabel_scores(Y_tr, P_tr, labels)["macro_f1"],
         **{f"test_{k}": v for k, v in test_scores.items()},
     }

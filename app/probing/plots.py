@@ -24,8 +24,13 @@ def _pyplot():
     return plt
 
 
-def histogram_title(kind: str, layer: int, unit: int, accuracy: float) -> str:
-    """What the histogram shows: the feature kind, where the neuron is, what it achieves alone."""
+def histogram_title(kind: str, layer: int, unit: int, accuracy: float, balanced: bool = False) -> str:
+    """What the histogram shows: the feature kind, where the neuron is, what it achieves alone (`balanced`:
+    the mean of its accuracy on the texts with and without the label)."""
+    if balanced:
+        return (
+            f"{kind}, layer {layer}, unit {unit}: alone, balanced accuracy {accuracy:.1%} on the test texts"
+        )
     return f"{kind}, layer {layer}, unit {unit}: alone it classifies {accuracy:.1%} of the test texts"
 
 

@@ -67,17 +67,27 @@ class Probe:
     intercept: np.ndarray  # (1 or K,)
 
 
+def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
+    """The mean over the classes present in `y` of the share of their rows predicted right: 0.5 for a
+    constant guess however rare a class is (where plain accuracy is the majority's share)."""
+    return float(np.mean([(pred[y == k] == k).mean() for k in np.unique(y)]))
+
+
 def _single_neuron(neuron: int, tr: tuple, te: tuple, seed: int) -> dict:
-    """Accuracy of one neuron alone: a 1-feature logistic regression (thresholds fitted on train)."""
+    """Accuracy (and balanced accuracy) of one neuron alone: a 1-feature logistic regression (thresholds
+    fitted on train)."""
     (Xtr, ytr), (Xte, yte) = tr, te
     model = _fit(Xtr[:, [neuron]], ytr, 1e4, seed)  # ~unregularised
     w, b = model.coef_[:, 0], model.intercept_
     # binary: the decision is w x + b = 0, i.e. one threshold on the neuron's (standardised) value
     thresholds = [float(-b[0] / w[0])] if len(w) == 1 and w[0] != 0 else None
+    p_tr, p_te = model.predict(Xtr[:, [neuron]]), model.predict(Xte[:, [neuron]])
     return {
         "neuron": int(neuron),
-        "train_accuracy": float(model.score(Xtr[:, [neuron]], ytr)),
-        "test_accuracy": float(model.score(Xte[:, [neuron]], yte)),
+        "train_accuracy": float((p_tr == ytr).mean()),
+        "test_accuracy": float((p_te == yte).mean()),
+        "train_balanced_accuracy": balanced_accuracy(ytr, p_tr),
+        "test_balanced_accuracy": balanced_accuracy(yte, p_te),
         "threshold_standardised": thresholds,
     }
 

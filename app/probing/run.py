@@ -9,15 +9,17 @@ import numpy as np
 
 from app.checkpoints.export_format import feature_preprocess
 from app.checkpoints.loader import Source, open_source
+from app.classifier.spec import FEATURES, parse_layers
 from app.common import outputs
 from app.common.devices import resolve as resolve_device
 from app.common.errors import UserError
 from app.common.files import atomic_write
 from app.common.logs import heartbeat
 from app.probing.bounds import cap_counts, check_batches
-from app.probing.config import FEATURES, TransferConfig, parse_layers
+from app.probing.config import TransferConfig
 from app.probing.labelled import Classes, Labelled, classes_of, read_labelled
 from app.probing.multilabel import MultiLabels, labels_of
+from app.probing.splits import check_labels, split_train
 
 EXTRA_HINT = "pip install 'mlstm-ds[transfer]'  (or: pip install scikit-learn matplotlib)"
 
@@ -56,26 +58,6 @@ def transfer_folder(cfg: TransferConfig, default: Path) -> Path:
     return outputs.output_folder("--out", cfg.out or default, reads, "transfer", earlier, _progress)
 
 
-def _split_train(train: Labelled, y: np.ndarray, fraction: float, seed: int):
-    """A seeded split of --train (index arrays), stratified so every class is on both sides when it can be,
-    and always on the fitting side: a class of n rows gives the validation split at most n - 1 (a 2-row class
-    at --val-fraction 0.75 keeps one; a 1-row class stays whole)."""
-    rng = np.random.default_rng(seed)
-    val = []
-    if y.ndim == 2:  # multi-label: a seeded share of all rows (no one class to stratify by)
-        val = rng.permutation(len(y))[: round(fraction * len(y))].tolist()
-    for k in np.unique(y) if y.ndim == 1 else ():
-        rows = rng.permutation(np.flatnonzero(y == k))
-        val.extend(rows[: min(round(fraction * len(rows)), len(rows) - 1)].tolist())
-    val_idx = np.asarray(sorted(val), dtype=np.int64)
-    tr_idx = np.setdiff1d(np.arange(len(y)), val_idx)
-    if len(val_idx) == 0:
-        raise UserError(
-            f"--train {train.path}: too few rows to hold out a validation split; give --validation"
-        )
-    return tr_idx, val_idx
-
-
 class Transfer:
     def __init__(self, cfg: TransferConfig) -> None:
         """Every input is read and checked here, before any featurizing."""
@@ -91,12 +73,18 @@ class Transfer:
             read_labelled("validation", cfg.validation, *f, multi=self.multi) if cfg.validation else None
         )
         self.classes: Classes | MultiLabels = (
-            labels_of(self.train.labels, cfg.label_field, self.train.path)
+            labels_of(self.train.labels, cfg.label_field, self.train.path, cfg.drop_rare_labels)
             if self.multi
             else classes_of(self.train)
         )
         sets = {"train": self.train, "test": self.test, **({"validation": self.val} if self.val else {})}
         self.y = {name: self.classes.encode(data, name) for name, data in sets.items()}
+        if self.multi:  # every label on every side of the splits, or said (or refused) before featurising
+            names = self.classes.names
+            kept = check_labels(names, self.y, self.val is None, cfg.drop_rare_labels, _progress)
+            if kept != names:
+                self.classes = MultiLabels(kept, tuple(n for n in names if n not in kept))
+                self.y = {name: self.classes.encode(data, name) for name, data in sets.items()}
         self.out = transfer_folder(cfg, default_out(self.src))  # app.common.outputs: before any work
         try:
             self.layers = parse_layers(cfg.layer, self.src.model_cfg.num_layers)
@@ -126,7 +114,8 @@ class Transfer:
 
     def featurize_all(self, model) -> dict:
         """-> {split: (Featurized, token ids)} for train, test (and validation)."""
-        from app.probing.features import checkpoint_digest, token_ids
+        from app.classifier.features import token_ids
+        from app.probing.features import checkpoint_digest
 
         digest = self.digest = checkpoint_digest(self.src.path)  # covers config.json's feature_preprocess
         preprocess = self.preprocess = feature_preprocess(self.src.path)
@@ -145,7 +134,7 @@ class Transfer:
         """(train rows, validation rows) of --train, or (all of --train, None) when --validation is given."""
         if self.val is not None:
             return np.arange(len(self.train.texts)), None
-        return _split_train(self.train, self.y["train"], self.cfg.val_fraction, self.cfg.seed)
+        return split_train(self.train.path, self.y["train"], self.cfg.val_fraction, self.cfg.seed)
 
     def _pairs(self, train, validation, test):
         """Per-split items (an array or a list, one per row of --train / --validation / --test) -> the
@@ -241,9 +230,9 @@ class Transfer:
         neuron, H = single["neuron"], model.cfg.hidden_dim
         layer, unit = self.layers[neuron // H], neuron % H  # layers side by side: H units each
         X = feats["test"][0].features[kind]
-        acc = single["test_accuracy"]
+        acc = single["test_balanced_accuracy" if self.multi else "test_accuracy"]
         title = (
-            histogram_title(kind, layer, unit, acc)
+            histogram_title(kind, layer, unit, acc, self.multi)
             if acc is not None
             else f"{kind}, layer {layer}, unit {unit}"
         )
@@ -289,7 +278,8 @@ class Transfer:
     def _keep(self, model, kind: str, probe, mean, scale, ft, chosen: dict | None) -> str | None:
         """Write the classifier the validation split chose to <out>/classifier -> its path (None: nothing
         was chosen, a --finetune-from-scratch control)."""
-        from app.probing.keep import finetune_head, keep, probe_head
+        from app.classifier.folder import write_classifier
+        from app.probing.keep import finetune_head, probe_head
 
         if chosen is None:
             return None
@@ -308,7 +298,8 @@ class Transfer:
             "test": {metric: chosen[f"test_{metric}"]},
         }
         tok_meta = {**self.tokenizer.meta(), **self.src.tokenizer_meta}
-        return str(keep(self.out / "classifier", self.src, tok_meta, lm_state, head, about, self.preprocess))
+        folder = self.out / "classifier"
+        return str(write_classifier(folder, self.src, tok_meta, lm_state, head, about, self.preprocess))
 
     def run(self) -> dict:
         from app.probing.multilabel import multi_label_result
@@ -327,6 +318,7 @@ class Transfer:
         if self.multi:
             fields, probe_val, probe_test = multi_label_result(probe, self.y), probe.val_macro_f1, probe.test
             fields["val_macro_f1_by_features"], probe_test = best_val, probe_test["macro_f1"]
+            fields["labels_dropped"] = list(self.classes.dropped)
         else:
             fields, probe_val = self._single_label(probe, feats, kind, best_val), best_val[kind]
             probe_test = probe.test_accuracy
@@ -450,6 +442,16 @@ def _probe_lines(result: dict) -> list[str]:
     ]
 
 
+def _single_figure(s: dict, multi: bool) -> str:
+    """The single neuron's test figure: multi-label, balanced accuracy (its plain accuracy beside it, with
+    the all-negative rate it is to be read against)."""
+    if s["test_accuracy"] is None:
+        return "test accuracy n/a"
+    if not multi:
+        return f"test accuracy {s['test_accuracy']:.4f}"
+    return f"test balanced accuracy {s['test_balanced_accuracy']:.4f} (accuracy {s['test_accuracy']:.4f})"
+
+
 def summary(result: dict, out: Path) -> str:
     s, f = result["single_neuron"], result["featurize"]
     speed = (
@@ -466,8 +468,7 @@ def summary(result: dict, out: Path) -> str:
             f"({result['hidden_dim']} units); featurized {speed}",
             *_probe_lines(result),
             *_finetune_lines(result),
-            f"single neuron {s['neuron']}{on}: test accuracy "
-            + ("n/a" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"),
+            f"single neuron {s['neuron']}{on}: {_single_figure(s, multi)}",
             f"top neurons: {', '.join(str(t['neuron']) for t in result['top_neurons'])}",
             f"classifier kept: {kept} (mlstm-classify --classifier {kept})"
             if kept

@@ -9,7 +9,7 @@ batched generation needs.
 
 A classifier folder whose model reads its texts as OpenAI's encoder did (`feature_preprocess: "openai"`,
 an import's) prepares each text the same way before tokenizing it: HTML entities unescaped, newlines as
-spaces, stripped, and padded " " + text + " " (mlstm-ds's app/probing/features.prepare_texts).
+spaces, stripped, and padded " " + text + " " (mlstm-ds's app/classifier/features.prepare_texts).
 """
 
 import html

@@ -18,9 +18,9 @@ from test_classify import botchan_sentences, write_rows
 from test_export_hf import HF, transformers  # noqa: F401  (the fixture)
 
 from app.checkpoints.loader import open_source
+from app.classifier.folder import write_classifier
+from app.classifier.head import Head
 from app.classify import main as classify_main
-from app.probing.head import Head
-from app.probing.keep import keep
 
 KINDS = {  # name: (method, feature, layers, outputs, labels, multi, max_tokens, feature_preprocess)
     "probe_final_cell_two_classes": ("probe", "final_cell", [1], 1, ["neg", "pos"], False, 0, "none"),
@@ -51,8 +51,8 @@ def random_head(name: str, X: np.ndarray, rng) -> Head:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """A kept classifier of each kind on the tiny byte model (random heads, fresh seed each run)."""
-    from app.probing.features import featurize_sets, token_ids
-    from app.probing.finetune import pooled
+    from app.classifier.features import pooled, token_ids
+    from app.probing.features import featurize_sets
 
     root = tmp_path_factory.mktemp("clf")
     fake_checkpoint(root / "run", tiny(), "module")
@@ -72,7 +72,9 @@ def folders(tmp_path_factory):
             X = featurize_sets(model, ids, layers, 16384, tok.pad_id).features[feature]
         head = random_head(name, X, rng)
         about = {"C": None, "lm": {}}
-        out[name] = keep(root / name, src, src.tokenizer_meta, model.state_dict(), head, about, preprocess)
+        out[name] = write_classifier(
+            root / name, src, src.tokenizer_meta, model.state_dict(), head, about, preprocess
+        )
     write_rows(root / "texts.jsonl", [{"text": t} for t in texts])
     return out, root / "texts.jsonl", texts, seed
 
