@@ -361,16 +361,16 @@ def test_a_first_build_is_said_as_it_starts(tmp_path):
         "from app.model import fused_core\n"
         "print('ops', fused_core.fused_ops() is not None)\n"
     )
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, MLSTM_CACHE_DIR=str(tmp_path), CXX="false", PYTHONPATH=str(ROOT))
     p = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert p.returncode == 0 and "ops False" in p.stdout, p.stderr[-3000:]
     assert "INFO the fused CPU core: building its C++ extension, once ..." in p.stderr, p.stderr[-3000:]
-    if fused_core.fused_ops() is not None:  # the built one of this process's folder: quiet
-        env.pop("TORCH_EXTENSIONS_DIR")
+    if fused_core.fused_ops() is not None:  # the built one of this process's cache folder: quiet
+        env.pop("MLSTM_CACHE_DIR")
         env.pop("CXX")
-        env.update({k: v for k, v in os.environ.items() if k == "TORCH_EXTENSIONS_DIR"})
+        env.update({k: v for k, v in os.environ.items() if k == "MLSTM_CACHE_DIR"})
         p = subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )

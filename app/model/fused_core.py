@@ -113,7 +113,7 @@ def _build() -> None:
 def _needs_build() -> bool:
     """No library built from these sources yet (torch's loader also rebuilds one whose sources or flags
     changed; this says so for the cases we can see: none built, or built from another checkout's files)."""
-    folder = build_directory(EXTENSION)
+    folder = build_folder()
     try:
         ninja = (folder / "build.ninja").read_text()
     except OSError:
