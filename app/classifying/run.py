@@ -32,6 +32,7 @@ from app.common.faults import hang_after_part
 from app.common.files import fsync_dir
 from app.common.logs import get_logger, progress_bar
 from app.common.resources import available_memory, cap, fmt_bytes
+from app.model import gpu_health
 from app.model.memory import activation_floats_per_token
 from app.probing.config import parse_layers
 from app.probing.features import batch_feature_sets, length_batches, token_ids
@@ -162,8 +163,10 @@ class Classify:
             for r, i in enumerate(rows):
                 batch[r, : lengths[i]] = ids[i]
             x, lens = torch.from_numpy(batch).to(self.device), torch.from_numpy(lengths[rows]).to(self.device)
-            if self.head is not None and self.head.method == "finetune":
-                f = pooled(model, x, lens, self.layers)
+            if (
+                self.head is not None and self.head.method == "finetune"
+            ):  # (batch_feature_sets: checked inside)
+                f = gpu_health.checked(pooled, model, x, lens, self.layers)  # a failed GPU loop: read again
             else:
                 f = batch_feature_sets(model, x, lens, self.layers)[self.kind]
             out[rows] = f.float().cpu().numpy()

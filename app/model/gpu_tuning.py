@@ -12,9 +12,11 @@ left out with its reason. Rankings are also written to disk (app/model/gpu_choic
 starts without timing; a ranking read from disk is checked once per process, on a small input, before it is
 trusted, and timed afresh where it fails.
 
-`run` runs a direction with the ranking's first loop and, where that loop raises or its grid barrier gave up
-(gpu_loops.BarrierTimeout), redoes the work with the next one, with one warning line; the failed loop is
-dropped from the ranking for the process. A forced loop (`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python`,
+`run` runs a direction with the ranking's first loop and, where that loop raises at launch (or its grid
+barrier gave up under the old per-launch wait, MLSTM_BARRIER_HOST_WAIT=1: gpu_loops.BarrierTimeout), redoes the
+work with the next one, with one warning line; the failed loop is dropped from the ranking for the process. A
+barrier that gives up without that wait poisons the loop's outputs (NaN) and sets its health flag, which the
+host reads where it already waits (app/model/gpu_health.py), dropping the loop there. A forced loop (`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python`,
 untimed) or a cached one that cannot launch falls back the same way. In Triton's interpreter (the CPU tests)
 nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
 """
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_loops, gpu_verify
+from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_verify
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
 from app.model.gpu_tiles import (
     interpreting,
@@ -192,16 +194,22 @@ def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
 
 
 def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
-    """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises or its
-    grid barrier gave up, the next (one warning line; the work redone from the same inputs, which no loop
-    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left."""
+    """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises at
+    launch (or, under MLSTM_BARRIER_HOST_WAIT=1, its grid barrier gave up), the next (one warning line; the
+    work redone from the same inputs, which no loop writes). The failed loop leaves the ranking for the
+    process. Raises NoLoop when none is left. A barrier loop runs on its row of the device's health flags
+    (gpu_health): a barrier that gives up poisons the outputs and is found where the host already waits."""
     order = choice.fwd_order if fwd else choice.bwd_order
     d = "forward" if fwd else "backward"
     failures = []
     while order:
         loop = order[0]
         try:
-            gpu_loops.run(loop, fwd, bufs, B, T, H)
+            if loop.barrier:
+                bar = gpu_health.flag(bufs["pm"].device, order, loop, f"{d} loop {loop.name} at B{B} H{H}")
+                gpu_loops.run(loop, fwd, {**bufs, "bar": bar}, B, T, H)
+            else:
+                gpu_loops.run(loop, fwd, bufs, B, T, H)
             return
         except torch.cuda.OutOfMemoryError:
             raise  # the memory, not the loop: another loop would not fit either

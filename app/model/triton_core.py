@@ -89,8 +89,13 @@ def _loops(ctx, x: torch.Tensor, w_mh: torch.Tensor) -> gpu_tuning.Choice:
     """The tuned loops for this call (the backward's timed too only where a gradient will be asked for)."""
     loops = gpu_tuning.loops_for(x, w_mh, backward=any(ctx.needs_input_grad))
     if loops.fwd is None:  # core="fused" on a device where no loop runs ("auto" runs the reference instead)
-        raise RuntimeError(f"core='fused': {loops.times['failed']}")
+        raise RuntimeError(f"core='fused': {_why_none(loops)}")
     return loops
+
+
+def _why_none(loops: gpu_tuning.Choice) -> str:
+    """Why no loop runs: the tuner's reason, or that every loop of the ranking failed in this process."""
+    return loops.times.get("failed", f"every GPU loop of this shape failed in this process ({loops.times})")
 
 
 def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, choice: gpu_tuning.Choice) -> None:
@@ -169,7 +174,7 @@ def prefill(x, lengths, w_in, bias, w_mh, w_m, state=None) -> tuple[torch.Tensor
     lengths[b] steps); `mlstm_core.mlstm_prefill`'s contract, through the forward loop alone."""
     loops = gpu_tuning.loops_for(x, w_mh, backward=False)
     if loops.fwd is None:
-        raise RuntimeError(f"core='fused': {loops.times['failed']}")
+        raise RuntimeError(f"core='fused': {_why_none(loops)}")
     bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops)
     rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)

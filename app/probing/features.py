@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from app.common.logs import progress_bar
+from app.model import gpu_health
 from app.model.lm import LanguageModel
 
 CACHE_VERSION = 2
@@ -85,7 +86,12 @@ def batch_feature_sets(
     model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]
 ) -> dict[str, torch.Tensor]:
     """ids (B, T) right-padded, lengths (B,) -> {kind: (B, H * len(layers))}, every kind of FEATURES from
-    one pass, the listed recurrent layers' features side by side (in the order given)."""
+    one pass, the listed recurrent layers' features side by side (in the order given); read again where a
+    failed GPU loop poisoned it (app/model/gpu_health.py)."""
+    return gpu_health.checked(_feature_sets, model, ids, lengths, layers)
+
+
+def _feature_sets(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]) -> dict:
     real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]  # (B, T)
     x = model.embedding(ids)  # (B, T, E)
     per_layer: dict[int, dict[str, torch.Tensor]] = {}
@@ -162,7 +168,8 @@ def featurize_sets(
                 batch[r, : lengths[i]] = ids[i]
             lens = torch.from_numpy(lengths[rows]).to(dev)
             if batch.shape[1] > batch_tokens:  # one text alone: its pieces, the state carried
-                got = chunked_feature_sets(model, torch.from_numpy(batch).to(dev), layers, batch_tokens)
+                x = torch.from_numpy(batch).to(dev)  # (read again where a failed GPU loop poisoned it)
+                got = gpu_health.checked(chunked_feature_sets, model, x, layers, batch_tokens)
             else:
                 got = batch_feature_sets(model, torch.from_numpy(batch).to(dev), lens, layers)
             for k, f in got.items():

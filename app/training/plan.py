@@ -29,6 +29,7 @@ from app.parallel.layout import (
     optimizer_lr,
     resolve_layout,
 )
+from app.parallel.precision import non_finite_update
 from app.training import bounds, run_schedule
 from app.training.config import TrainConfig
 
@@ -125,6 +126,8 @@ def plan_run(
             f"{src}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for {layout.precision}; "
             f"use stage 1 (the same memory use at data_parallel 1)"
         )
+    if (why := non_finite_update(ds_json, layout.precision)) is not None:  # a NaN step must be skipped
+        raise UserError(f"{src}: {why}; remove the setting (its default skips the step)")
     lr = optimizer_lr(ds_json)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise UserError(f"{src}: optimizer.params.lr must be a positive number, got {lr!r}")
