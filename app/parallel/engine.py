@@ -17,6 +17,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
+from app.common import phase_clock
 from app.model import gpu_health
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
@@ -102,6 +103,15 @@ class Engine:
             self.dp_rank = dist.get_rank()
             self.needs_inputs = self.needs_targets = True
         self.device = self.ds.device
+        if not inference:
+            self._first_forward = self.ds.module.register_forward_hook(self._mark_first_forward)
+
+    def _mark_first_forward(self, module, args, out) -> None:
+        """The first forward's end on the phase clock (a GPU waited for, once), then the hook goes."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        phase_clock.mark("first forward")
+        self._first_forward.remove()
 
     @property
     def needs_data(self) -> bool:
@@ -122,6 +132,7 @@ class Engine:
         the loss is read (the host waits for the step there anyway) the GPU core's health flags are read: a loop
         whose grid barrier gave up left NaN in this step (DeepSpeed's optimizers skip a non-finite update, and
         the trainer counts the step as skipped) and leaves its shape's ranking, in one warning line."""
+        phase_clock.mark("data ready")  # (the first step's; later marks are ignored)
         loss = self._train_step(batches, global_tokens, nan)
         if gpu_health.active():
             gpu_health.check()
