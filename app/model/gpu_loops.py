@@ -90,6 +90,13 @@ def launch_kernel(kernel, grid: int, args: dict, **consts) -> None:
     kernel[(grid,)](*[args[n] for n in kernel.arg_names if n in args], **consts)
 
 
+def _carry_in(b: dict) -> None:
+    """The backward's dc carry before its last step: zero, or, for a time piece of the overlapped backward
+    (app/model/wgrad_overlap.py, `dc_carry` given), what the piece after it left in `dc`."""
+    if "dc_carry" not in b:
+        b["dc"].zero_()
+
+
 @dataclass(frozen=True)
 class Launch:
     """One kind of kernel launch a loop makes: the kernel (forward or backward), the phases it runs, whether
@@ -193,7 +200,7 @@ class StepLoop(Loop):
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
         kernel, dtype, args = _k().mlstm_bwd, b["w_mh_t"].dtype, self.kernel_args(b, False)
         plan = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches() if not lc.fwd]
-        b["dc"].zero_()
+        _carry_in(b)
         for t in range(T - 1, -1, -1):
             for n, c in plan:
                 launch_kernel(kernel, n, {**args, "t0": t, "t1": t + 1, "T": T, "B": B, "H": H}, **c)
@@ -236,7 +243,7 @@ class CublasLoop(Loop):
         p_h, p_m = b["p_h"], b["p_r"]
         args = self.kernel_args(b, False)
         w_mh, w_m = b["w_mh_t"].t(), b["w_m_t"].t()  # (H, H), (4H, H) views: W_mh, W_m
-        b["dc"].zero_()
+        _carry_in(b)
         for t in range(T - 1, -1, -1):
             if t < T - 1:
                 torch.mm(b["dr"][t + 1], w_mh, out=p_h)  # (B, H) d(r_{t+1}) W_mh
@@ -309,7 +316,7 @@ class PersistentLoop(Loop):
         self._launch(self.kernel_args(b, True), True, b["w_mh"].dtype, dict(B=B, H=H), T, b.get("bar"))
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
-        b["dc"].zero_()
+        _carry_in(b)
         self._launch(
             self.kernel_args(b, False), False, b["w_mh_t"].dtype, dict(T=T, B=B, H=H), T, b.get("bar")
         )
@@ -374,7 +381,7 @@ def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
     w = bufs["w_mh" if fwd else "w_mh_t"]
     eager = (
         not loop.graphed or interpreting() or not w.is_cuda or GRAPH_CACHE <= 0
-        or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
+        or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0" or "dc_carry" in bufs  # (a graph zeroes dc)
     )  # fmt: skip
     if eager:
         return go({**bufs, **loop.scratch(B, H, w.dtype, w.device)})

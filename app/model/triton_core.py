@@ -20,7 +20,7 @@ import re
 
 import torch
 
-from app.model import gpu_tuning
+from app.model import gpu_tuning, wgrad_overlap
 from app.model.gpu_tiles import interpreting
 from app.model.matmul import grad_weight, linear
 
@@ -115,11 +115,13 @@ def _backward(ctx, dy: torch.Tensor) -> tuple:
     kw = dict(device=xt.device)
     bufs = dict(
         w_mh_t=w_mh.t().contiguous(), w_m_t=w_m.t().contiguous(), pm=pm, gates=gates, cs=cs, tcs=tcs, rs=rs,
-        dy=dy.transpose(0, 1).to(sdt).contiguous(),  # (T, B, H)
+        dy=torch.empty(T, B, H, dtype=sdt, **kw).copy_(dy.transpose(0, 1)),  # (T, B, H), a copy of its own
         dp=torch.empty(T, B, 5 * H, dtype=cdt, **kw),  # [d(pm) | dG] per row: w_in's row order
         dr=torch.empty(T, B, H, dtype=cdt, **kw),
         dc=torch.zeros(B, H, dtype=sdt, **kw),
     )  # fmt: skip
+    if n := wgrad_overlap.chunks():  # the weight gradients overlapped with the loop, in time pieces
+        return wgrad_overlap.backward(ctx.choice, bufs, xt, w_in, ms, hs[:-1], ctx.needs_input_grad[0], n)
     gpu_tuning.run(ctx.choice, False, bufs, B, T, H)
     N = T * B
     dP2 = bufs["dp"].view(N, 5 * H)
