@@ -9,12 +9,14 @@
 #   install   the wheels in $WHEELS (default .whl/, made by bench/gpu_wheels.sh) into the current python, and the
 #             project itself (editable, no dependencies)
 #   warm      bench/warm_gpu.py: the layer's and the training runs' shapes dispatched once (Triton's kernels into
-#             TRITON_CACHE_DIR, the rankings into MLSTM_CACHE_DIR), then the 4096-wide shapes once per tile
-#             variant (TILES_SWITCH=each of TILES_VARIANTS, a throwaway ranking cache); beside it, the GPU tests
-#             of the poisoned barrier and the overlapped weight gradients, and (niced) the training data
+#             TRITON_CACHE_DIR, the rankings into MLSTM_CACHE_DIR: every candidate of both tilings compiled);
+#             beside it, the GPU tests of the poisoned barrier and the overlapped weight gradients, and (niced)
+#             the training data
 #   layer     bench/mlstm_layer.py --device cuda at B16 H256, B64 H1024 and B128 H4096: the Triton core's loops,
 #             the reference core, cuDNN's LSTM, each beside its roofline, and the old host wait on and off
-#   tuner     bench/tuner_log.py at B128 and B256 H4096, once per tile variant: every candidate timed afresh
+#   tuner     bench/gpu_tiles.py at B128 and B256 H4096: every candidate, today's tiles and the l2 ones side by
+#             side (GPU_TILES, passed on as MLSTM_GPU_TILES: both, or old / new for an A/B of separate runs),
+#             timed afresh as the layer runs it, alone, and by the traffic model
 #   train     bench/train_gpu.py: large_b128, large_b256 and small (its first step with a warm cache, its
 #             timestamps), through the real entry point; then the two large steps split into their phases,
 #             plain and under DeepSpeed, with the DeepSpeed step's costliest kernels
@@ -28,9 +30,9 @@
 # bench/results/ and rewrites bench/README.md's tables), and kernel_report.json where `report` ran.
 # Environment: WHEELS, SESSION_BUDGET_S (660), MLSTM_GIT_COMMIT (recorded in the JSON lines where the tree has
 # no .git), WORK (scratch, default /tmp/mlstm-gpu-session), SESSION_STEPS (comma-separated; default
-# install,warm,layer,tuner,train,overlap,memory), TILES_SWITCH (the environment variable that picks the
-# 4096-wide loops' tiles, default MLSTM_GPU_TILES) and TILES_VARIANTS (its values to compare, default
-# old,new), MINUTES (the quickstart's budget), MEMORY_ARGS (bench/memory.py's, default --quick).
+# install,warm,layer,tuner,train,overlap,memory), GPU_TILES (the 4096-wide loops' tilings the tuner offers,
+# MLSTM_GPU_TILES for every step: both (default), old or new), MINUTES (the quickstart's budget), MEMORY_ARGS
+# (bench/memory.py's, default --quick).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?usage: bench/gpu_session.sh OUTDIR [--dry-run]}"
@@ -41,8 +43,7 @@ WORK="${WORK:-/tmp/mlstm-gpu-session}"
 BUDGET="${SESSION_BUDGET_S:-660}"
 ALL_STEPS="install warm layer tuner train overlap memory tests gputests quickstart report"
 SESSION_STEPS=",${SESSION_STEPS:-install,warm,layer,tuner,train,overlap,memory},"
-TILES_SWITCH="${TILES_SWITCH:-MLSTM_GPU_TILES}"
-TILES_VARIANTS="${TILES_VARIANTS:-old,new}"
+GPU_TILES="${GPU_TILES:-both}"
 LOGS="$WORK/logs"
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -56,7 +57,7 @@ chmod +x "$WORK/bin/python"
 export PATH="$WORK/bin:$(dirname "$PY"):$PATH"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false BENCH_RESULTS_DIR="$WORK/results"
 export MLSTM_CACHE_DIR="$WORK/cache" TRITON_CACHE_DIR="$WORK/triton" TORCH_EXTENSIONS_DIR="$WORK/torch_ext"
-export TILES_SWITCH
+export MLSTM_GPU_TILES="$GPU_TILES"  # the tilings the tuner offers (app/model/gpu_tiles.py)
 
 elapsed() { echo $(($(date +%s) - START)); }
 wanted() { [[ "$SESSION_STEPS" == *",$1,"* ]]; }
@@ -93,23 +94,13 @@ step() {
   say "| $name | $verdict | $(($(date +%s) - t0))s | $(tail -n 1 "$LOGS/$name.log" | cut -c1-160 | tr '|' '/') |"
 }
 
-# each tile variant once: VARIANT=<value> CMD (the switch's variable set to it; the variable named in the line)
-per_variant() {
-  local cmd=$1 v
-  for v in $(echo "$TILES_VARIANTS" | tr ',' ' '); do
-    echo "== $TILES_SWITCH=$v"
-    env "$TILES_SWITCH=$v" bash -c "$cmd" || echo "== $TILES_SWITCH=$v: rc $?"
-  done
-}
-export -f per_variant
-export TILES_VARIANTS
 
 : >"$SUMMARY"
 say "# GPU session $(date -u +%FT%TZ)"
 say ""
 say "commit ${MLSTM_GIT_COMMIT:-unknown}; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
 say "$(python -c 'import sys, torch, triton; print("python", sys.version.split()[0], "| torch", torch.__version__, "| triton", triton.__version__)' 2>&1 | tail -n 1)"
-say "budget ${BUDGET}s; tiles: $TILES_SWITCH in {$TILES_VARIANTS}"
+say "budget ${BUDGET}s; tilings offered: MLSTM_GPU_TILES=$GPU_TILES"
 say ""
 say "| step | result | seconds | last line |"
 say "|---|---|---|---|"
@@ -127,16 +118,15 @@ PREP_CMD="nice -n 19 python -m data_prep --out $WORK/data_spm --max-seq-len 256 
   nice -n 19 python -m data_prep --out $WORK/data_byte --max-seq-len 256 --tokenizer byte --quiet"
 GPU_TESTS="python -m pytest -q -p no:cacheprovider -m gpu -k 'barrier or overlap or poison'
   tests/test_model_triton_core.py tests/test_model_wgrad_overlap.py"
-# the data and the new kernels' gpu tests beside the warm-up (nothing of them timed), then the shapes per variant
+# the data and the new kernels' gpu tests beside the warm-up (nothing of them timed)
 step warm 105 60 bash -c "($PREP_CMD) >'$LOGS/prep.log' 2>&1 & prep=\$!
   ($GPU_TESTS) >'$LOGS/gpu_tests.log' 2>&1 & tests=\$!
   python bench/warm_gpu.py --shapes layer,train; rc=\$?
-  MLSTM_CACHE_DIR='$WORK/cache-variants' per_variant 'python bench/warm_gpu.py --shapes field' || rc=1
   wait \$tests; echo \"gpu tests: rc \$? (\$(tail -n 1 '$LOGS/gpu_tests.log'))\"; wait \$prep; exit \$rc"
 
 step layer 120 90 python bench/mlstm_layer.py --device cuda --sizes small,large,field --budget-s 10 --reps-small 4 \
   --reps-large 3 --save
-step tuner 75 40 bash -c "per_variant 'python bench/tuner_log.py --shapes 128x4096,256x4096 --save'"
+step tuner 75 40 python bench/gpu_tiles.py --shapes 128x4096,256x4096 --save
 step train 170 120 python bench/train_gpu.py --runs large_b128,large_b256,small_warm --steps 16 --skip 6 \
   --phase-split large_b128,large_b256 --profile --data-spm "$WORK/data_spm" --data-byte "$WORK/data_byte" \
   --keep "$WORK/train" --timeout-s 75 --save

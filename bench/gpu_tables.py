@@ -29,7 +29,7 @@ MARK_BEGIN = (
     "<!-- gpu-tables: begin (made by `python bench/gpu_tables.py` from bench/results/*.json; do not edit) -->"
 )
 MARK_END = "<!-- gpu-tables: end -->"
-BENCHES = ("mlstm_layer", "train_gpu", "gpu_optimizer", "memory", "tuner_log", "wgrad_overlap")
+BENCHES = ("mlstm_layer", "train_gpu", "gpu_optimizer", "memory", "gpu_tiles", "wgrad_overlap")
 
 
 def lines(folder: Path = RESULTS) -> dict[str, list[dict]]:
@@ -194,16 +194,23 @@ def memory(recs: list[dict]) -> list[str]:
 
 
 def tuner(recs: list[dict]) -> list[str]:
-    out = ["#### The tuner's log at the 4096-wide training shapes (`tuner_log.py`), ms for its T_TUNE steps", "",
-           "| run | tiles | shape | chosen: forward; backward | each candidate's ms (or why left out) | predicted |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["#### The tuner's ranking at the 4096-wide training shapes (`gpu_tiles.py`), ms for its steps: whole op "
+           "/ loop alone / traffic model", "",
+           "| run | shape | chosen: forward; backward | each candidate (or why left out) | today's tiles over the l2 ones |",
+           "|---|---|---|---|---|"]  # fmt: skip
     for r in recs:
-        variant = f"{r.get('tiles_switch')}={r.get('tiles_variant')}" if r.get("tiles_switch") else "-"
-        for shape, x in r.get("shapes", {}).items():
-            times = ", ".join(f"{k} {v}" for k, v in x.get("times_ms", {}).items())
-            chosen = f"{', '.join(x.get('fwd', [])[:1])}; {', '.join(x.get('bwd', [])[:1])}"
+        for x in r.get("shapes", []):
+            t = x.get("times_ms", {})
+            cands = sorted({k.split("/", 1)[1] for k in t if k.startswith(("fwd/", "bwd/"))})
+            each = "; ".join(
+                f"{c}: " + ", ".join(f"{d} {t.get(f'{d}/{c}', '-')} / {t.get(f'loop/{d}/{c}', '-')} / "
+                                     f"{t.get(f'model/{d}/{c}', '-')}" for d in ("fwd", "bwd") if f"{d}/{c}" in t)
+                for c in cands
+            )  # fmt: skip
+            chosen = f"{(x.get('fwd') or ['-'])[0]}; {(x.get('bwd') or ['-'])[0]}"
+            ratio = ", ".join(f"{k} {v}" for k, v in (x.get("old_over_new") or {}).items()) or "-"
             out.append(
-                f"| {label(r)} | {variant} | {shape} | {chosen} | {times} | {x.get('predicted', '-')} |"
+                f"| {label(r)} | B{x['B']} H{x['H']} ({x.get('steps', '?')} steps) | {chosen} | {each} | {ratio} |"
             )
     return [*out, ""]
 
@@ -228,7 +235,7 @@ def section(folder: Path = RESULTS) -> str:
     """The README's GPU tables, from the lines in `folder`."""
     recs = lines(folder)
     body = [*layer(recs["mlstm_layer"]), *training(recs["train_gpu"]), *phases(recs["train_gpu"]),
-            *optimizer(recs["gpu_optimizer"]), *memory(recs["memory"]), *tuner(recs["tuner_log"]),
+            *optimizer(recs["gpu_optimizer"]), *memory(recs["memory"]), *tuner(recs["gpu_tiles"]),
             *overlap(recs["wgrad_overlap"])]  # fmt: skip
     note = ("† transcribed from the run's typed table (bench/README.md at e707b76): its raw JSON lines were never "
             "committed and are lost.")  # fmt: skip

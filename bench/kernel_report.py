@@ -70,7 +70,9 @@ def _signature(loop, launch, dtype: torch.dtype) -> tuple[dict, dict]:
     named by its type."""
     from app.model import gpu_loops
 
-    marks = {n: _TY[dtype] if n in _OPERANDS else "*fp32" for n in _BUFFERS}
+    # the K slices' buffer only where the loop has one (gpu_loops.Loop.scratch): elsewhere `part` is None
+    buffers = [n for n in _BUFFERS if n != "part" or loop.tiles.split_parts() > 1]
+    marks = {n: _TY[dtype] if n in _OPERANDS else "*fp32" for n in buffers}
     args = loop.kernel_args(marks, launch.fwd)
     if launch.sync:
         args["bar"] = "*i32"
@@ -106,7 +108,7 @@ def _launches(arch: int, sms: int, l2: int, B: int, H: int, dname: str):
                 sig, nones = _signature(loop, launch, dtype)
                 entry = dict(kernel=f"mlstm_{d}", sig=sig, consts=c, nones=nones, opts=opts, arch=arch,
                              operand=_TY[dtype])  # fmt: skip
-                use = f"B{B} H{H} {dname} {loop.name} {d} phases {launch.phases}{' persistent' if launch.sync else ''}"
+                use = f"B{B} H{H} {dname} {loop.label} {d} phases {launch.phases}{' persistent' if launch.sync else ''}"
                 yield use, entry
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -193,6 +195,30 @@ def problems(builds: list[dict]) -> dict:
         if b["arch"] == 90 and b.get("tensor_cores") and any(d["M"] >= 64 and not d["wgmma"] for d in b["dots"])
     ]  # fmt: skip
     return {"spills": spills, "wgmma_missing": no_wgmma}
+
+
+HOT = ("H4096", ("B128", "B256"))  # the large preset's training shapes, where the GPU time goes
+
+
+def hot_products(builds: list[dict]) -> dict:
+    """The tensor-core products of the sm_90 builds the tuner's candidates launch at the hot shapes (HOT, 16-bit
+    operands), per candidate label and in all: [products, of them M >= 64, of them warpgroup MMAs]; a build
+    shared by two candidates counts for each, and once in all."""
+    out: dict = {}
+    for b in builds:
+        if b["arch"] != 90 or not b.get("tensor_cores"):
+            continue
+        labels = set()
+        for use in b["uses"]:
+            words = use.split()
+            if HOT[0] in words and any(w in words for w in HOT[1]) and ("bf16" in words or "fp16" in words):
+                labels.add(words[words.index(HOT[0]) + 2])  # "... B128 H4096 bf16 <label> fwd ..."
+        for key in [*labels, "all"] if labels else []:
+            n = out.setdefault(key, [0, 0, 0])
+            n[0] += len(b["dots"])
+            n[1] += sum(d["M"] >= 64 for d in b["dots"])
+            n[2] += sum(d["M"] >= 64 and d["wgmma"] for d in b["dots"])
+    return out
 
 
 def source_hash() -> str:
@@ -291,6 +317,7 @@ def main() -> None:
         "max_registers": max((b["registers"] or 0) for b in builds),
         "max_shared_bytes": max(b["shared_bytes"] for b in builds),
         "seconds": round(time.perf_counter() - t0, 1),
+        "hot_products": hot_products(builds),  # at H4096 B128/B256 on sm_90: [products, M >= 64, wgmma]
         "spill_uses": [u for b in bad["spills"] for u in b["uses"][:1]],
         "wgmma_missing_uses": [u for b in bad["wgmma_missing"] for u in b["uses"][:1]],
     }))  # fmt: skip

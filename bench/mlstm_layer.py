@@ -318,7 +318,7 @@ def cuda_ratios(tok_s: dict, gflops: dict, B: int, T: int, H: int) -> dict:
     from app.model.gpu_tiles import weights_in_l2
 
     chosen = {
-        str(dt).removeprefix("torch."): {"fwd": c.fwd.name if c.fwd else None, "bwd": c.bwd.name if c.bwd else None,
+        str(dt).removeprefix("torch."): {"fwd": c.fwd.label if c.fwd else None, "bwd": c.bwd.label if c.bwd else None,
                                          "python": c.python, "times_ms": c.times}
         for (dev, b, h, dt, tf32, forced), c in gpu_tuning._choices.items()
         if (b, h, forced) == (gpu_tuning.batch_bucket(B), H, None)

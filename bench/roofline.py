@@ -8,11 +8,18 @@ Per training step of one layer (B rows, T steps, H units, input width D = H, ope
             the gates, c, tanh c, r, pm and writes dP (5H, b bytes) and dr; the weights W_mh, W_m once per
             direction, and per time step where they do not fit in half the L2 (they stream from HBM each step);
             the input projection and the weight gradients' products read their operands once
-    L2      what the loop's tiles read per time step: each tile its weight rows and its batch rows' state over the
-            product's K (a tile's reads are from L2 at best); from the tiles of the loops the tuner chose, or
-            None for the cuBLAS loop (its tiling is cuBLAS's)
+    L2      what the loop's tiles read and write through L2 per time step, phase by phase (app/model/gpu_traffic.py:
+            each tile its weight rows and its batch rows' state over the product's K, a split phase's slices and
+            their sum, the epilogues' state); from the tiles of the loops the tuner chose, or None for the cuBLAS
+            loop (its tiling is cuBLAS's)
 The bound is the largest of FLOPs / peak, HBM / bandwidth, L2 / bandwidth; `of_bound` = bound / measured time
 (1.0 = at the hardware's limit for that resource).
+
+Run as a script it prints the traffic model of every candidate the tuner would rank at each shape (phases,
+tiles, products, L2 and HBM bytes, predicted us per step: app/model/gpu_tiles.describe), no GPU needed, and a
+JSON line last with each candidate's predicted us per step:
+
+    python bench/roofline.py --shapes 128x4096,256x4096 --device "H100 SXM"   # B x H; "H100 PCIe", "H200"
 """
 
 from __future__ import annotations
@@ -40,18 +47,20 @@ def hbm_bytes(B: int, T: int, H: int, b: int, weights_in_l2: bool, D: int | None
     return float(state + weight_reads + outside)
 
 
+def l2_phases(loop, fwd: bool, B: int, H: int, b: int) -> list:
+    """The L2 traffic of each phase of `loop`'s direction per time step (gpu_traffic.Phase: tiles, product,
+    bytes), split phases included."""
+    from app.model.gpu_traffic import backward_phases, forward_phases
+
+    return (forward_phases if fwd else backward_phases)(loop.tiles, B, H, b, streamed=False)
+
+
 def l2_bytes_per_step(fwd, bwd, B: int, H: int, b: int) -> float | None:
-    """Bytes the chosen loops' tiles read per time step (both directions); None for the cuBLAS loop."""
+    """Bytes the chosen loops' tiles move through L2 per time step (both directions, every phase); None for the
+    cuBLAS loop."""
     if fwd is None or bwd is None or "cublas" in (fwd.name, bwd.name):
         return None
-    f, g = fwd.tiles, bwd.tiles
-    reads = (
-        f.n_r(B, H) * (f.bu_r + f.bb_r) * H
-        + f.n_g(B, H) * (4 * f.bu_g + f.bb_g) * H
-        + g.n_h(B, H) * (g.bu_h + g.bb_h) * H
-        + g.n_m(B, H) * (g.bu_m + g.bb_m) * (4 * H // g.split)
-    )
-    return float(reads * b)
+    return float(sum(p.l2 for p in l2_phases(fwd, True, B, H, b) + l2_phases(bwd, False, B, H, b)))
 
 
 def bound(shape: dict, b: int, weights_in_l2: bool, ceilings: dict, fwd=None, bwd=None) -> dict:
@@ -99,3 +108,38 @@ def measure_ceilings(device) -> dict:
     w = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     tflops = 2 * 8192**3 / (best_ms(lambda: a @ w, reps=5) * 1e-3) / 1e12
     return {"hbm_gbs": round(hbm, 1), "l2_gbs": round(l2, 1), "matmul_tflops": round(tflops, 1)}
+
+
+def main() -> None:
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+
+    from app.model.gpu_tiles import describe, model
+
+    ap = argparse.ArgumentParser(
+        description="The traffic model of the tuner's candidates at each shape (no GPU)."
+    )
+    ap.add_argument("--shapes", default="128x4096,256x4096", help="comma list of BxH (batch bucket x hidden)")
+    ap.add_argument(
+        "--device", default="H100 SXM", help="a GPU the model has rates for: H100 SXM, H100 PCIe, H200"
+    )
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    out = []
+    for shape in args.shapes.split(","):
+        B, H = (int(v) for v in shape.lower().split("x"))
+        print(describe(B, H, dtype, args.device), flush=True)
+        m = model(B, H, dtype, args.device)
+        out.append({"B": B, "H": H, "hbm_floor_us": m["hbm_floor_us"],
+                    "us": {k: c["us"] for k, c in m["candidates"].items()}})  # fmt: skip
+    print(json.dumps({"bench": "roofline", "device": args.device, "dtype": args.dtype, "shapes": out}))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,14 +2,15 @@
 dispatched once (`model.core=auto`: the tuner checks, compiles and times each loop, and the whole op against
 the reference core), so Triton's kernels land in TRITON_CACHE_DIR and the rankings in MLSTM_CACHE_DIR's
 gpu_loops.json. A benchmark run after it compiles nothing and times nothing of the tuner's (except what it
-asks to time: bench/tuner_log.py times afresh, from the compiled kernels). JSON line last: seconds per shape.
+asks to time: bench/gpu_tiles.py times afresh, from the compiled kernels). JSON line last: seconds per shape.
 
     python bench/warm_gpu.py [--shapes layer,train,field] [--device cuda]
 
 Shapes (B, H, D, dtypes, backward): `layer` the layer benchmark's B16 H256 and B64 H1024 in bf16 and fp32 and
 B128 H4096 in bf16 (bench/mlstm_layer.py SIZES); `train` bench/train_gpu.py's large preset at B128 and B256
-(H4096, bf16) and small at B64 (H256, bf16, and its 2-layer input 256); `field`: only the 4096-wide ones (the
-tile variants' warm-up, bench/gpu_session.sh). `--device cpu` (Triton's interpreter, tiny shapes): the test's.
+(H4096, bf16) and small at B64 (H256, bf16, and its 2-layer input 256); `field`: only the 4096-wide ones.
+MLSTM_GPU_TILES=both (the default) offers every tiling, so both are compiled. `--device cpu` (Triton's
+interpreter, tiny shapes): the test's.
 """
 
 from __future__ import annotations

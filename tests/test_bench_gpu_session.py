@@ -44,7 +44,7 @@ def test_the_dry_run_plans_every_step_within_eleven_minutes(tmp_path):
         limits
     )  # the session's device time
     assert all("not in SESSION_STEPS" in rows[s] for s in OPT_IN)
-    assert "commit abc1234" in p.stdout and "budget 660s; tiles: MLSTM_GPU_TILES in {old,new}" in p.stdout
+    assert "commit abc1234" in p.stdout and "budget 660s; tilings offered: MLSTM_GPU_TILES=both" in p.stdout
     assert (tmp_path / "out" / "summary.md").read_text() == p.stdout
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what a device call brings back
 
@@ -66,13 +66,13 @@ def test_each_benchmark_the_plan_runs_exists_and_takes_its_flags(tmp_path):
                 assert flag in help_text, (path, flag)
         for test_file in re.findall(r"tests/\w+\.py", cmd):
             assert (ROOT / test_file).is_file(), test_file
-    assert {"bench/warm_gpu.py", "bench/mlstm_layer.py", "bench/train_gpu.py", "bench/tuner_log.py",
+    assert {"bench/warm_gpu.py", "bench/mlstm_layer.py", "bench/train_gpu.py", "bench/gpu_tiles.py",
             "bench/wgrad_overlap.py", "bench/memory.py"} <= scripts, scripts  # fmt: skip
 
 
-def test_the_tile_switch_is_a_variable_the_plan_names(tmp_path):
-    p = _dry(tmp_path, _wheels(tmp_path), TILES_SWITCH="MLSTM_GPU_TILE_TABLE", TILES_VARIANTS="v1,v2,v3")
-    assert p.returncode == 0 and "tiles: MLSTM_GPU_TILE_TABLE in {v1,v2,v3}" in p.stdout, p.stdout
+def test_the_tilings_offered_are_a_variable_the_plan_names(tmp_path):
+    p = _dry(tmp_path, _wheels(tmp_path), GPU_TILES="old")
+    assert p.returncode == 0 and "tilings offered: MLSTM_GPU_TILES=old" in p.stdout, p.stdout
 
 
 def test_no_wheels_is_one_line(tmp_path):

@@ -65,6 +65,21 @@ def test_no_configuration_spills_and_sm90_products_are_warpgroup_mmas(report):
     ]
 
 
+def test_the_hot_products_are_reported_and_the_l2_tiles_all_at_m64_on_wgmma(report):
+    """At the large model's shapes (H4096, B128 and B256, 16-bit operands, sm_90): every product of M >= 64 is
+    a warpgroup MMA, every product of the re-tiled candidate (persistent-l2) has M >= 64, and bench/README.md
+    states the share of M >= 64 among all the candidates' products there, as the report has it."""
+    hot = kr.hot_products(report["builds"])
+    n, m64, wgmma = hot["all"]
+    assert n > 0 and m64 == wgmma, hot
+    l2 = hot["persistent-l2"]
+    assert l2[0] > 0 and l2[0] == l2[1] == l2[2], hot
+    readme = (ROOT / "bench" / "README.md").read_text()
+    assert f"{m64} of {n} hot products at M >= 64" in readme, (
+        "bench/README.md's kernel report summary is stale"
+    )
+
+
 def _hungriest(report: dict, today: dict) -> list[dict]:
     if os.environ.get("MLSTM_KERNEL_REPORT_ALL") == "1":
         return [today[b["key"]] for b in report["builds"] if b["key"] in today]

@@ -39,9 +39,41 @@ def test_l2_reads_follow_the_tiles_and_the_backward_tiles_cut_them_threefold():
 
     assert m_reads(old) / m_reads(new) == pytest.approx(3.0, rel=0.05)
     fwd, bwd = PersistentLoop(new, 132), SplitKLoop(new, 132)
-    total = roofline.l2_bytes_per_step(fwd, bwd, B, H, 2)
-    assert total == 2 * (new.n_r(B, H) * (new.bu_r + new.bb_r) * H + new.n_g(B, H) * (4 * new.bu_g + new.bb_g) * H
-                         + new.n_h(B, H) * (new.bu_h + new.bb_h) * H + m_reads(new))  # fmt: skip
+    phases = roofline.l2_phases(fwd, True, B, H, 2) + roofline.l2_phases(bwd, False, B, H, 2)
+    assert roofline.l2_bytes_per_step(fwd, bwd, B, H, 2) == sum(p.l2 for p in phases)
+    # the products' operands are most of it: each tile its weight rows and batch rows over K
+    operands = 2 * (new.n_r(B, H) * (new.bu_r + new.bb_r) * H + new.n_g(B, H) * (4 * new.bu_g + new.bb_g) * H
+                    + new.n_h(B, H) * (new.bu_h + new.bb_h) * H + m_reads(new))  # fmt: skip
+    assert operands < sum(p.l2 for p in phases) < 1.2 * operands
+
+
+def test_every_phase_of_a_split_candidate_is_counted():
+    """The l2 tiles at B128 H4096: r, dh and dm split over K: their slices and their sums are phases of their own,
+    each with its L2 bytes; a loop's step is the sum of its phases'."""
+    from app.model.gpu_tiles import l2_tiles
+
+    t = l2_tiles(128, 4096, torch.bfloat16, 132, False)
+    loop = PersistentLoop(t, 132, tag="l2")
+    names = [
+        p.name
+        for p in roofline.l2_phases(loop, True, 128, 4096, 2) + roofline.l2_phases(loop, False, 128, 4096, 2)
+    ]
+    assert names == ["r slices", "r sum", "gates", "dh slices", "dh sum", "dm slices", "dm sum"], names
+    assert all(p.l2 > 0 for p in roofline.l2_phases(loop, False, 128, 4096, 2))
+
+
+def test_the_script_prints_the_model_and_a_json_line(tmp_path):
+    """`python bench/roofline.py`: the traffic model of each shape's candidates, no GPU, a JSON line last."""
+    import json
+    import subprocess
+
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "roofline.py"), "--shapes", "128x4096",
+                        "--device", "H200"], cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    (shape,) = out["shapes"]
+    assert out["device"] == "H200" and shape["us"]["fwd/persistent-l2"] < shape["us"]["fwd/persistent"]
+    assert "fwd/persistent-l2 [r 128x128/4+32x128 g 4x32x128]" in p.stdout
 
 
 def test_the_bound_names_what_binds():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_model_triton_core import _check
 
-from app.model import first_call, gpu_tuning
+from app.model import first_call, gpu_ranking, gpu_tuning
 from app.model.config import ModelConfig
 
 
@@ -39,7 +39,7 @@ def nothing_ranked(monkeypatch):
 def test_only_a_new_shape_on_cuda_costs_a_first_call(nothing_ranked, monkeypatch):
     cuda = torch.device("cuda", 0)
     full = first_call.first_call_bytes(CFG, 2000, cuda, backward=False)
-    assert full == first_call.tuner_bytes(2048, 256, 64, 4, False, True, gpu_tuning.T_TUNE, 16, op=True)
+    assert full == first_call.tuner_bytes(2048, 256, 64, 4, False, True, gpu_ranking.T_TUNE, 16, op=True)
     assert full > 3 << 30  # GBs at a 2,048-row bucket
     assert first_call.first_call_bytes(CFG, 2000, "cpu", backward=False) == 0
     assert (

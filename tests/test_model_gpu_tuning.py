@@ -10,19 +10,59 @@ from test_model_triton_core import TIMED, _check
 from app.common.errors import UserError
 from app.model import gpu_tuning
 from app.model.gpu_loops import StepLoop
-from app.model.gpu_tiles import Tiles
+from app.model.gpu_tiles import Tiles, split_tiles, tiles_for
 
 
-def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tmp_path):
+@pytest.fixture(scope="module")
+def tuning(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("tuning")
+    return _check("tuning", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp))
+
+
+def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tuning):
     """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): every loop checked against the
-    float64 reference and timed each way, none left out, a loop that computes something else left out with
+    float64 reference and timed each way in the whole op, none left out, each also timed alone beside the
+    traffic model's time for its tiles (none for cuBLAS's), a loop that computes something else left out with
     why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
-    out = _check("tuning", tmp_path, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp_path))
-    assert set(out["choice"]) == TIMED, out
-    assert all(isinstance(v, float) for v in out["choice"].values()), out
+    out = tuning
+    ranked = {k: v for k, v in out["choice"].items() if k.startswith(("fwd/", "bwd/"))}
+    assert set(ranked) == TIMED and all(isinstance(v, float) for v in ranked.values()), out["choice"]
+    assert all(isinstance(out["choice"][f"loop/{k}"], float) for k in TIMED), out["choice"]
+    modelled = {k for k in TIMED if not k.endswith("/cublas")}
+    assert {k.removeprefix("model/") for k in out["choice"] if k.startswith("model/")} == modelled
+    assert sorted(out["checked"]) == sorted([k.split("/")[1], k.startswith("fwd")] for k in TIMED)
     assert out["wrong"]["ranked"] == ["cublas"], out["wrong"]
     assert "hs differs from the float64 reference" in out["wrong"]["times"]["fwd/wrong-negated"], out["wrong"]
     assert out["python"] == ["measured faster than the Triton core at this shape"] * 2 and out["logged"] == 1
+
+
+def test_the_ranking_is_logged_with_each_loops_tiles_and_three_times(tuning):
+    """One line: each loop with its tiles (the l2 candidate's split phases: ways and sum tiles) and its ms for
+    T_TUNE steps in the whole op, alone and by the traffic model."""
+    (line,) = tuning["ranked_line"]
+    assert line.startswith(
+        "ranked the mLSTM core's GPU loops for B16 H20 float32 (ms for T=3: whole op / loop"
+    )
+    assert "fwd/persistent-l2 [r 16x16/2+8x16 g 4x8x16] " in line, line
+    assert "bwd/persistent-l2 [dh 16x16/3+8x16 dm 16x16/2+8x16] " in line, line
+    assert "bwd/persistent [dh 16x16 dm 8x16] " in line and "fwd/cublas [r 16x16 g 4x4x16] " in line, line
+    ms = tuning["choice"]
+    assert (
+        f"fwd/step [r 16x16 g 4x4x16] {ms['fwd/step']}/{ms['loop/fwd/step']}/{ms['model/fwd/step']}" in line
+    )
+
+
+def test_the_ranking_is_by_the_whole_op_not_each_loop_alone(tuning):
+    """An op that costs 2 s more whenever the step loop runs a direction in it ranks the step loop last both
+    ways, though alone it is as quick as the others; every forward timed behind cuBLAS's backward (the first in
+    the fallback order), every backward behind the fastest forward."""
+    r = tuning["op_order"]
+    assert r["fwd"][-1] == "step" and r["bwd"][-1] == "step", r
+    t = r["times"]
+    assert t["fwd/step"] > 2000 > t["loop/fwd/step"] and t["bwd/step"] > 2000 > t["loop/bwd/step"], t
+    assert max(v for k, v in t.items() if k.startswith(("fwd/", "bwd/")) and "step" not in k) < 2000, t
+    assert r["pairs"][:3] == [["cublas", "cublas"], ["step", "cublas"], ["persistent", "cublas"]], r["pairs"]
+    assert r["pairs"][3:] == [[r["fwd"][0], "step"], [r["fwd"][0], "persistent"]], r["pairs"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +96,8 @@ def test_a_barrier_that_gives_up_poisons_its_outputs_and_its_flag_drops_the_loop
 )
 def test_with_the_old_host_wait_a_barrier_that_times_out_is_redone_at_once(faults, case, failed):
     """MLSTM_BARRIER_HOST_WAIT=1 (the A/B switch): the flag is read after the launch, the op redoes that
-    direction with the next loop, says so once, and the user gets the right outputs and gradients."""
+    direction with the next loop (checked first), says so once, and the user gets the right outputs and
+    gradients."""
     r = faults[case]
     assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
     assert len(r["warnings"]) == 1 and not r["health"], r
@@ -65,6 +106,7 @@ def test_with_the_old_host_wait_a_barrier_that_times_out_is_redone_at_once(fault
         "grid barrier timed out" in r["warnings"][0] and "redoing it with the cublas loop" in r["warnings"][0]
     )
     assert (r["fwd" if failed == "forward" else "bwd"])[0] == "cublas", r  # the failed loop left the ranking
+    assert ["cublas", failed == "forward"] in r["checked"], r["checked"]  # the fallback was checked first
 
 
 def test_a_forced_loop_that_cannot_launch_falls_back(faults):
@@ -74,10 +116,38 @@ def test_a_forced_loop_that_cannot_launch_falls_back(faults):
     assert "could not launch" in r["warnings"][0] and r["fwd"][0] == "cublas", r
 
 
+def test_a_forced_loop_and_each_fallback_are_checked_before_they_run(faults):
+    """MLSTM_GPU_LOOP=step where the step loop is wrong, and so is cuBLAS's, the first it falls back to: each is
+    caught by its float64 check before its first run (one line each), and the user gets the third loop's right
+    outputs and gradients; no wrong loop is left in the ranking."""
+    r = faults["forced_wrong"]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert len(r["warnings"]) == 2, r["warnings"]
+    for w, loop, nxt in zip(r["warnings"], ("step", "cublas"), ("cublas", "persistent")):
+        assert f"forward loop {loop} failed" in w and "its float64 check: hs differs" in w, w
+        assert w.endswith(f"redoing it with the {nxt} loop"), w
+    assert r["fwd"][0] == "persistent" and not {"step", "cublas"} & set(r["fwd"]), r
+    assert ["persistent", True] in r["checked"], r["checked"]
+
+
+def test_a_cache_hit_checks_every_loop_it_may_fall_back_to(faults):
+    """A ranking on disk whose first loop is right here and whose second (cuBLAS's) is wrong: at the hit every
+    loop of both rankings is checked, the wrong fallback is dropped in one line, and nothing is timed afresh."""
+    r = faults["cache_fallback_wrong"]
+    assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
+    assert len(r["warnings"]) == 1 and "the cached mLSTM GPU loop cublas" in r["warnings"][0], r["warnings"]
+    assert r["warnings"][0].endswith("dropped from the ranking"), r["warnings"]
+    assert r["times"] == {"cached": True} and r["fwd"] == ["persistent", "step"], r
+    want = [["cublas", False], ["persistent", False], ["persistent", True], ["step", True]]
+    assert sorted(r["checked"]) == want, r["checked"]
+
+
 def test_when_every_loop_fails_the_error_says_so(faults):
     r = faults["every_loop_fails"]
     assert isinstance(r["errors"], str) and r["errors"].startswith("NoLoop: no GPU forward loop"), r
-    assert "step: RuntimeError" in r["errors"] and "cublas: RuntimeError" in r["errors"], r
+    # each loop is checked before its first run: the launch fails there
+    assert "step: its float64 check: RuntimeError" in r["errors"], r
+    assert "cublas: its float64 check: RuntimeError" in r["errors"], r
     assert r["warnings"][-1].endswith("no other loop is left"), r["warnings"]
 
 
@@ -98,6 +168,8 @@ def test_a_cached_ranking_is_checked_before_it_is_trusted(faults):
     assert "hs differs from the float64 reference" in r["times"]["fwd/step"] and "step" not in r["fwd"], r
     good = faults["cache_good"]
     assert good["times"] == {"cached": True} and good["fwd"] == r["fwd"] and not good["warnings"], good
+    every = {(lp, True) for lp in good["fwd"]} | {(lp, False) for lp in good["bwd"]}
+    assert {tuple(c) for c in good["checked"]} == every, good  # each loop of the hit, not its first alone
     assert [f for f in faults["cache_file"] if not f.startswith(".")] == ["gpu_loops.json"], faults[
         "cache_file"
     ]
@@ -152,13 +224,14 @@ def test_a_smaller_micro_batch_reuses_the_smallest_larger_bucket_timed(monkeypat
 def test_a_forced_loop_that_is_none_is_one_line_and_splitk_falls_back(monkeypatch):
     monkeypatch.setenv("MLSTM_GPU_LOOP", "fastest")
     with pytest.raises(
-        UserError, match="MLSTM_GPU_LOOP must be one of step, cublas, persistent, splitk, python"
+        UserError,
+        match="MLSTM_GPU_LOOP must be one of step, cublas, persistent, splitk, persistent-l2, python",
     ):
         gpu_tuning.forced_loop()
     # B256 H4096 (the large preset at B256): 128 output tiles of the split phase on 132 SMs, so no split
-    base = gpu_tuning.tiles_for(256, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
+    base = tiles_for(256, 4096, torch.bfloat16, sms=132, weights_in_l2=False)
     assert (
-        gpu_tuning.split_tiles(base, 256, 4096, sms=132, dtype=torch.bfloat16).bwd() == base.bwd()
+        split_tiles(base, 256, 4096, sms=132, dtype=torch.bfloat16).bwd() == base.bwd()
     )  # the persistent loop's own
     loops = [StepLoop(base)]
     persistent = gpu_tuning.PersistentLoop(base, 132)

@@ -101,3 +101,35 @@ def test_tolerances_follow_the_dtype():
         assert gpu_verify.tolerance(torch.float32) == pytest.approx(2 * 2**-10)  # tf32's products
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class SecondRunWrong(ReferenceLoop):
+    """Right on its first run, wrong from its second on: as a graphed loop whose eager run is right and whose
+    graph replay is not (a capture that recorded the wrong buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__(spoil=self._after_first)
+        self.runs = 0
+
+    def _after_first(self, b, B, fwd):
+        self.runs += 1
+        if self.runs > 1:
+            _row(b, B, fwd)
+
+
+@pytest.mark.parametrize("fwd", [True, False])
+def test_the_check_runs_the_path_training_runs(monkeypatch, fwd):
+    """Where gpu_loops.run would replay a CUDA graph of the loop, the check runs it twice (the eager first call
+    on a copy, then the call that captures and replays) and judges the second: a loop whose replay is wrong
+    fails. Off CUDA there is no replay (gpu_loops.replayed; the real capture is tests/test_model_triton_core's
+    gpu test): run here as gpu_loops.run runs a loop eagerly, the math the loop's own."""
+    from app.model import gpu_loops
+
+    assert gpu_verify.check(SecondRunWrong(), fwd, 31, 64, torch.bfloat16, "cpu", seed=3) is None  # one run
+    monkeypatch.setattr(gpu_loops, "replayed", lambda loop, w: True)
+    monkeypatch.setattr(
+        gpu_loops, "run", lambda loop, d, b, B, T, H: (loop.forward if d else loop.backward)(b, B, T, H)
+    )
+    loop = SecondRunWrong()
+    why = gpu_verify.check(loop, fwd, 31, 64, torch.bfloat16, "cpu", seed=3)
+    assert loop.runs == 2 and why is not None and ("hs differs" if fwd else "dr differs") in why, why

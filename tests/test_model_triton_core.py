@@ -50,20 +50,23 @@ def interpreted(tmp_path_factory) -> dict:
     return _check("parity", tmp_path_factory.mktemp("interp"), TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
 
 
-LOOPS = ("step", "cublas", "persistent", "splitk")
-TIMED = {f"fwd/{n}" for n in LOOPS[:3]} | {f"bwd/{n}" for n in LOOPS}  # splitk: a backward-only candidate
+LOOPS = ("step", "cublas", "persistent", "splitk", "persistent-l2")  # persistent-l2: the re-tiled loop
+TIMED = {f"fwd/{n}" for n in LOOPS if n != "splitk"} | {f"bwd/{n}" for n in LOOPS}  # splitk: backward only
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("case", ["odd/float64", "tiles/float32"])
 def test_forward_and_gradients_match_the_float64_reference(interpreted, loop, case):
-    """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) of each GPU loop (the persistent one phase by phase, 3
-    programs looping over several tiles) at odd shapes (B3 T4 D7 H20: no tile is full) in float64, and in
-    float32 over several tiles each way (B17 H20), relative to the reference's largest value."""
+    """y, dx, d(w_in), d(bias), d(w_mh), d(w_m) of each GPU loop (the persistent ones phase by phase, 3
+    programs looping over several tiles; persistent-l2 with r split 2 ways over K, dh 3 ways (its last slice
+    empty), dm 2 ways, each summed by a phase of its own) at odd shapes (B3 T4 D7 H20: no tile is full) in
+    float64, and in float32 over several tiles each way (B17 H20), relative to the reference's largest value."""
     name, dt = case.split("/")
     errs = interpreted[f"{name}/{loop}/{dt}"]
     tol = 1e-12 if dt == "float64" else 5e-6
     assert len(errs) == 6 and max(errs) < tol, errs
+    # the forced loop ran: none failed its check (or its run) and handed the work to another loop
+    assert interpreted[f"fell_back/{loop}"] == [], interpreted[f"fell_back/{loop}"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -86,7 +89,7 @@ def test_prefill_gives_each_row_its_state_after_its_length(interpreted, loop):
     assert max(interpreted[f"prefill/{loop}"]) < 1e-12, interpreted[f"prefill/{loop}"]
 
 
-@pytest.mark.parametrize("loop", ["cublas", "persistent", "splitk"])
+@pytest.mark.parametrize("loop", ["cublas", "persistent", "splitk", "persistent-l2"])
 def test_right_padding_leaves_real_positions_alone(interpreted, loop):
     """Lengths 4, 3, 1 padded to 4: outputs, dx and every weight gradient equal the rows run alone."""
     assert max(interpreted[f"padded/{loop}"]) < 1e-12, interpreted[f"padded/{loop}"]
@@ -266,7 +269,7 @@ def test_cuda_a_barrier_that_times_out_poisons_every_output_and_never_waits(monk
     is NaN (each program poisoned the tiles it owns) and the barrier word's flag is set. Under the old host wait
     (MLSTM_BARRIER_HOST_WAIT=1) the same launch raises BarrierTimeout; launched cooperatively, the grid is
     refused at launch."""
-    from app.model import gpu_loops, gpu_tuning
+    from app.model import gpu_loops, gpu_tuning, gpu_verify
     from app.model.gpu_loops import BarrierTimeout, PersistentLoop
 
     monkeypatch.setattr(gpu_loops, "MAX_SPIN", 1 << 10)
@@ -275,7 +278,7 @@ def test_cuda_a_barrier_that_times_out_poisons_every_output_and_never_waits(monk
     persistent = next(c for c in loops if c.name == "persistent")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     too_many = PersistentLoop(persistent.tiles, programs=64 * sms)
-    bufs = gpu_tuning._tuning_buffers(16, 256, torch.bfloat16, dev)
+    bufs = gpu_verify.forward_case(16, 64, 256, torch.bfloat16, dev, seed=0)
     bufs.update(too_many.scratch(16, 256, torch.bfloat16, dev))
     for n in gpu_loops.FWD_OUT:
         (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(7.0)
@@ -354,9 +357,63 @@ def test_cuda_dispatch_times_the_loops_once_and_logs_the_choice(caplog, monkeypa
         r.message for r in caplog.records if r.message.startswith("mLSTM core on") and "B32 H256" in r.message
     ]
     assert len(lines) == 1 and "ms at T=64" in lines[0], lines  # the choice, said once
-    assert set(choice.times) >= TIMED, choice.times
+    assert set(choice.times) >= TIMED - {"fwd/persistent-l2", "bwd/persistent-l2"}, (
+        choice.times
+    )  # none at H256
     assert core.select("fused", x, w) is triton_core.TritonMLSTMFunction  # "fused" asks for it, whatever won
     n = len(gpu_tuning._choices)
     core.select("auto", x[:20], w)  # a micro-batch with fewer rows: its bucket's choice, no new timing
     assert len(gpu_tuning._choices) == n
     assert "B32 H256" in (tmp_path / "gpu_loops.json").read_text()  # a later run skips the timing
+
+
+@pytest.mark.gpu
+def test_cuda_the_check_runs_the_graph_replay_training_runs(monkeypatch):
+    """A graphed loop whose eager run is right and whose CUDA-graph replay is not (an op recorded only under
+    capture): the float64 check, which runs the replay where training would, fails it; with the graphs off
+    (MLSTM_CUDA_GRAPHS=0: training runs it eagerly) it passes. The check's arena is not kept."""
+    from app.model import gpu_loops, gpu_tuning, gpu_verify
+
+    class ReplayWrong(gpu_loops.StepLoop):
+        def forward(self, b, B, T, H):
+            super().forward(b, B, T, H)
+            if torch.cuda.is_current_stream_capturing():
+                b["hs"][1:].mul_(1.5)
+
+    step = next(
+        c for c in gpu_tuning.candidates(16, 256, torch.bfloat16, torch.device("cuda")) if c.name == "step"
+    )
+    loop = ReplayWrong(step.tiles)
+    monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "1")
+    why = gpu_verify.check(loop, True, 15, 256, torch.bfloat16, torch.device("cuda"))
+    assert why is not None and "hs differs" in why, why
+    assert not any(k[0] == repr(loop) for k in gpu_loops._arenas)
+    monkeypatch.setenv("MLSTM_CUDA_GRAPHS", "0")
+    assert gpu_verify.check(loop, True, 15, 256, torch.bfloat16, torch.device("cuda")) is None
+
+
+@pytest.mark.gpu
+def test_cuda_the_l2_tiles_match_the_reference_at_the_large_width(forced_loop):
+    """persistent-l2 at B100 (bucket 128) H4096 in bf16, where the traffic model picks its tiles (r and dh split
+    over K, dm's (128, 128) slices): outputs and gradients as close to float64 as the reference core's in bf16,
+    and no fallback (the forced loop ran)."""
+    from app.model import gpu_tuning
+    from app.model.mlstm_core import MLSTMFunction
+    from app.model.triton_core import TritonMLSTMFunction
+
+    if not any(
+        c.label == "persistent-l2"
+        for c in gpu_tuning.candidates(128, 4096, torch.bfloat16, torch.device("cuda"))
+    ):
+        pytest.skip("this GPU has no l2 tiles at B128 H4096 (the traffic model's choice for its SM count)")
+    forced_loop("persistent-l2")
+    x, ws, dy = _cuda_case(100, 6, 512, 4096, torch.bfloat16, seed=2)
+    ref = _grads(MLSTMFunction, x.double(), [w.double() for w in ws], dy.double(), torch.float64)
+    base = _grads(MLSTMFunction, x, ws, dy, torch.bfloat16)
+    got = _grads(TritonMLSTMFunction, x, ws, dy, torch.bfloat16)
+    choice = next(iter(gpu_tuning._choices.values()))
+    assert (choice.fwd.label, choice.bwd.label) == ("persistent-l2", "persistent-l2"), choice.times
+    for name, g, b, r in zip(["y", "dx", "dw_in", "dbias", "dw_mh", "dw_m"], got, base, ref):
+        scale = r.abs().max()
+        err, err_base = (g - r).abs().max() / scale, (b - r).abs().max() / scale
+        assert err < max(3 * err_base, 1e-2), (name, err, err_base)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import sys
 
@@ -56,20 +57,28 @@ def _errors(got, want) -> list[float]:
 
 
 def parity() -> dict:
-    """Every GPU loop (MLSTM_GPU_LOOP: step, cublas, persistent run phase by phase) against the reference."""
+    """Every GPU loop (MLSTM_GPU_LOOP: step, cublas, persistent and persistent-l2 run phase by phase, the l2
+    tiles' K slices of r, dh and dm with their sums) against the reference."""
     import os
 
-    from app.model import gpu_tuning
+    from app.model import gpu_tuning, gpu_verify
     from app.model.core import select
     from app.model.mlstm_core import MLSTMFunction
     from app.model.triton_core import TritonMLSTMFunction
 
+    # each loop is checked before its first run per shape: short checks here (2 steps: one of them with the
+    # backward's dh product)
+    gpu_verify.T_CHECK = 2
     out: dict = {}
+    warned: list[
+        str
+    ] = []  # a forced loop that failed its check or its run fell back: its parity is another's
+    _keep_log("app.model.gpu_tuning", logging.WARNING, warned)
     # float64 checks the arithmetic (to 1e-12), bf16 the low-precision operands, and the float32 case over
     # several tiles (B17 H20: 2 x 2 tiles of rows and units, 2 x 5 of gate rows, K over 2 steps, the last of
     # each partial) the float32 operands, in a shape where tiles meet
     cases = {("odd", "float64"), ("odd", "bfloat16"), ("tiles", "float32")}
-    for loop in gpu_tuning.LOOPS:
+    for loop in gpu_tuning.LABELS:
         os.environ["MLSTM_GPU_LOOP"] = loop
         gpu_tuning._choices.clear()
         for name, (B, T, D, H) in {"odd": (3, 4, 7, 20), "tiles": (17, 3, 5, 20)}.items():
@@ -88,6 +97,8 @@ def parity() -> dict:
         out[f"prefill/{loop}"] = _prefill()
         if loop != "step":
             out[f"padded/{loop}"] = _padded(TritonMLSTMFunction)
+        out[f"fell_back/{loop}"] = list(warned)
+        del warned[:]
     x32, w32 = torch.zeros(2, 3, 4), torch.zeros(5, 5)
     out["dispatch"] = {c: select(c, x32, w32).__name__ for c in ("auto", "fused", "python")}
     return out
@@ -178,27 +189,73 @@ def tuning() -> dict:
     import logging
     import os
 
-    from app.model import gpu_tuning, gpu_verify
+    from app.model import gpu_ranking, gpu_tuning, gpu_verify
     from app.model.mlstm_core import MLSTMFunction
-    from app.model.triton_core import TritonMLSTMFunction
+    from app.model.triton_core import TritonMLSTMFunction, run_op
 
     os.environ["MLSTM_GPU_LOOP"] = ""  # time them, as on a GPU
-    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP, gpu_verify.T_CHECK = 3, 1, 0, 3
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 3, 1, 0, 3
+    lines: list[str] = []
+    _keep_log("app.model.gpu_tuning", logging.INFO, lines)
     dev = torch.device("cpu")
-    out: dict = {"choice": gpu_tuning._tune(16, 20, torch.float32, dev, backward=True).times}
+    choice = gpu_tuning._tune(16, 7, 20, torch.float32, dev, True, run_op)
+    out: dict = {"choice": choice.times, "checked": sorted(map(list, choice.checked))}
+    out["ranked_line"] = [ln for ln in lines if ln.startswith("ranked the mLSTM core's GPU loops")]
     loops = gpu_tuning.candidates(16, 20, torch.float32, dev)
     times: dict = {}
-    ranked = gpu_tuning._rank(
-        [loops[0], _wrong(loops[1], "negated")], True, 16, 20, torch.float32, dev, times
-    )
-    out["wrong"] = {"ranked": [lp.name for lp in ranked], "times": times}
+    ranked = gpu_ranking.rank([loops[0], _wrong(loops[1], "negated")], 16, 7, 20, torch.float32, dev, False,
+                              run_op, times)  # fmt: skip
+    out["wrong"] = {"ranked": [lp.label for lp in ranked.fwd_order], "times": times}
+    out["op_order"] = _ranked_by_the_op(dev, run_op)
     x, w = torch.zeros(3, 2, 7), torch.zeros(20, 20)
     out["python"] = [
-        gpu_tuning.prefers_reference(x, w, True, TritonMLSTMFunction, MLSTMFunction) for _ in range(2)
+        gpu_tuning.prefers_reference(x, w, True, TritonMLSTMFunction, MLSTMFunction, run_op) for _ in range(2)
     ]
     out["logged"] = len(gpu_tuning._logged)
     return out
+
+
+def _keep_log(name: str, level: int, into: list) -> None:
+    class Keep(logging.Handler):
+        def emit(self, r):
+            if r.levelno >= level:
+                into.append(r.getMessage())
+
+    logger = logging.getLogger(name)
+    logger.setLevel(min(level, logger.level or level))
+    logger.addHandler(Keep())
+
+
+def _ranked_by_the_op(dev, run_op) -> dict:
+    """The ranking follows the whole op's time, not each loop's alone: an op that costs 2 s more whenever the
+    step loop runs a direction (as a loop whose launch holds the host would: injected through the op the tuner
+    is handed, the math the real op's) puts it last each way, though alone it is as fast as before; the
+    forwards are timed behind one backward (the first that passed: cuBLAS's), the backwards behind the fastest
+    forward. Returns the rankings, the pairs timed and the op and loop-alone times."""
+    import time
+
+    from app.model import gpu_ranking, gpu_tuning
+
+    pairs: list[list[str]] = []
+
+    def op(choice, leaves, dy):
+        pairs.append([choice.fwd.label, choice.bwd.label])
+        if "step" in (choice.fwd.label, choice.bwd.label):
+            time.sleep(2.0)
+        run_op(choice, leaves, dy)
+
+    loops = [
+        lp
+        for lp in gpu_tuning.candidates(16, 20, torch.float32, dev)
+        if lp.label in ("step", "cublas", "persistent")
+    ]
+    t_tune, gpu_ranking.T_TUNE = gpu_ranking.T_TUNE, 1  # the interpreter's own time small beside the 2 s
+    try:
+        c = gpu_ranking.rank(loops, 16, 7, 20, torch.float32, dev, True, op, {})
+    finally:
+        gpu_ranking.T_TUNE = t_tune
+    return {"fwd": [lp.label for lp in c.fwd_order], "bwd": [lp.label for lp in c.bwd_order], "pairs": pairs,
+            "times": c.times}  # fmt: skip
 
 
 def _wrong(loop, how: str):
@@ -234,17 +291,11 @@ def faults() -> dict:
     import os
 
     from app.common import faults as injected
-    from app.model import gpu_choice_cache, gpu_health, gpu_tuning, gpu_verify
+    from app.model import gpu_choice_cache, gpu_health, gpu_ranking, gpu_tuning, gpu_verify
 
     records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, r):
-            if r.levelno >= logging.WARNING:
-                records.append(r.getMessage())
-
-    logging.getLogger("app.model.gpu_tuning").addHandler(Keep())
-    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP, gpu_verify.T_CHECK = 2, 1, 0, 3
+    _keep_log("app.model.gpu_tuning", logging.WARNING, records)
+    gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 2, 1, 0, 3
     out: dict = {}
 
     def case(name: str, loop: str, fault: dict | None = None, before=None, wait: bool = False) -> None:
@@ -261,16 +312,18 @@ def faults() -> dict:
         health = gpu_health.check() if gpu_health.active() else []  # where the host already waits
         choice = next(iter(gpu_tuning._choices.values()))
         out[name] = {"errors": errs if isinstance(errs, str) else _worst(errs), "each": errs,
-                     "warnings": list(records), "health": health, "fwd": [lp.name for lp in choice.fwd_order],
-                     "bwd": [lp.name for lp in choice.bwd_order or []], "times": choice.times,
-                     "again": _op_vs_reference(5, 3, 5, 20)}  # fmt: skip
+                     "warnings": list(records), "health": health, "fwd": [lp.label for lp in choice.fwd_order],
+                     "bwd": [lp.label for lp in choice.bwd_order or []], "times": choice.times,
+                     "checked": sorted(map(list, choice.checked)), "again": _op_vs_reference(5, 3, 5, 20)}  # fmt: skip
 
-    # no host wait (the default): the poisoned direction's outputs are NaN, the flag read afterwards drops the
-    # loop in one line, and the next run is right; with the old wait the work is redone at once
-    case("barrier_timeout_fwd", "persistent", {"barrier_timeout": {1}})
-    case("barrier_timeout_bwd", "persistent", {"barrier_timeout": {2}})
-    case("wait_barrier_timeout_fwd", "persistent", {"barrier_timeout": {1}}, wait=True)
-    case("wait_barrier_timeout_bwd", "persistent", {"barrier_timeout": {2}}, wait=True)
+    # a forced loop is checked before its first run each way (a persistent launch each): launch 2 is the
+    # forward's run after its check, launch 4 the backward's. No host wait (the default): the poisoned
+    # direction's outputs are NaN, the flag read afterwards drops the loop in one line, and the next run is
+    # right; with the old wait the work is redone at once
+    case("barrier_timeout_fwd", "persistent", {"barrier_timeout": {2}})
+    case("barrier_timeout_bwd", "persistent", {"barrier_timeout": {4}})
+    case("wait_barrier_timeout_fwd", "persistent", {"barrier_timeout": {2}}, wait=True)
+    case("wait_barrier_timeout_bwd", "persistent", {"barrier_timeout": {4}}, wait=True)
     case("launch_error", "step", {"gpu_launch_error": {1}})
     case("every_loop_fails", "step", {"gpu_launch_error": set(range(1, 20))})
     cache = os.environ["MLSTM_CACHE_DIR"]
@@ -300,6 +353,7 @@ def faults() -> dict:
     case("cache_wrong", "", before=wrong_cached)
     gpu_tuning.StepLoop.forward = step_forward
     case("cache_good", "")  # what the last case stored, read back and checked
+    _wrong_fallbacks(case, step_forward, wrong_step)
     out["cache_file"] = sorted(os.listdir(cache))
     out["cache_key"] = gpu_choice_cache.device_label("cpu")
     return out
@@ -329,7 +383,7 @@ def poison() -> dict:
             bar = torch.tensor([0, 1], dtype=torch.int32)
             gpu_loops.run(loop, fwd, {**bufs, "bar": bar}, B, T, H)
             t = loop.tiles
-            out[f"{loop.name}/{'fwd' if fwd else 'bwd'}"] = {
+            out[f"{loop.label}/{'fwd' if fwd else 'bwd'}"] = {
                 "nan": {n: (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).isnan().float().mean().item()
                         for n in outs},
                 "inputs_nan": [bufs[n][0].isnan().any().item() for n in ("hs", "cs") if fwd],
@@ -356,7 +410,7 @@ def overlap() -> dict:
     ref = _run_reference(x, ws, dy)
     from app.model.triton_core import TritonMLSTMFunction
 
-    for loop in gpu_tuning.LOOPS:
+    for loop in gpu_tuning.LABELS:
         os.environ["MLSTM_GPU_LOOP"] = loop
         runs = {}
         for n in ("0", "3", "7", "50"):
@@ -415,29 +469,53 @@ class _LiveBytes:
 
 
 def tuner_memory() -> dict:
-    """The tuner's peak bytes at a new shape (every candidate checked against float64 and timed, forward and
-    backward or forward alone; T_TUNE 12, T_CHECK 3, in the interpreter: no CUDA graphs), counted at the
-    dispatcher, beside app/model/first_call.tuner_bytes's count of the same (graphs off, no op timing)."""
-    from app.model import first_call, gpu_loops, gpu_tuning, gpu_verify
+    """The tuner's peak bytes at a new shape (every candidate checked against float64, then timed as the whole op
+    and alone, forward and backward or forward alone; T_TUNE 12, T_CHECK 3, in the interpreter: no CUDA graphs),
+    counted at the dispatcher, beside app/model/first_call.tuner_bytes's count of the same (graphs off, no timing
+    against the reference core)."""
+    from app.model import first_call, gpu_loops, gpu_ranking, gpu_tuning, gpu_verify
+    from app.model.triton_core import run_op
 
-    gpu_tuning.T_TUNE, gpu_tuning.REPS, gpu_tuning.WARMUP, gpu_verify.T_CHECK = 12, 1, 0, 3
+    gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 12, 1, 0, 3
     os.environ["MLSTM_GPU_LOOP"] = ""
     out: dict = {}
+    D = 8
     for B, H, dtype in ((32, 24, torch.float32), (16, 40, torch.float64)):
         for backward in (False, True):
             gc.collect()
             with _LiveBytes() as live:
-                gpu_tuning._tune(B, H, dtype, torch.device("cpu"), backward)
+                gpu_tuning._tune(B, D, H, dtype, torch.device("cpu"), backward, run_op)
                 gpu_loops.clear_graphs()
             s = torch.finfo(dtype).bits // 8
             want = first_call.tuner_bytes(
-                B, H, 8, s, backward, False, gpu_tuning.T_TUNE, gpu_verify.T_CHECK, op=False
+                B, H, D, s, backward, False, gpu_ranking.T_TUNE, gpu_verify.T_CHECK, op=False
             )
-            out[f"B{B} H{H} {str(dtype)[6:]} {'fwd+bwd' if backward else 'fwd'}"] = {
-                "peak": live.peak,
-                "count": want,
-            }
+            key = f"B{B} H{H} {str(dtype)[6:]} {'fwd+bwd' if backward else 'fwd'}"
+            out[key] = {"peak": live.peak, "count": want}
     return out
+
+
+def _wrong_fallbacks(case, step_forward, wrong_step) -> None:
+    """A forced loop that is wrong here, and the first loop it falls back to too: each is checked before its
+    first run, the user gets the third loop's right result, one line each. A cached ranking whose first loop
+    is right and whose fallback is wrong: every loop in it is checked at the hit, the wrong one dropped (one
+    line), no timing afresh."""
+    from app.model import gpu_tuning
+
+    cublas_forward = gpu_tuning.CublasLoop.forward
+
+    def wrong_cublas(self, b, B, T, H):
+        cublas_forward(self, b, B, T, H)
+        b["hs"][1:, 0].mul_(0.5)
+
+    gpu_tuning.StepLoop.forward, gpu_tuning.CublasLoop.forward = wrong_step, wrong_cublas
+    try:
+        case("forced_wrong", "step")
+        gpu_tuning.StepLoop.forward = step_forward
+        fallback = {"fwd": ["persistent", "cublas", "step"], "bwd": ["persistent", "cublas"], "python": False}
+        case("cache_fallback_wrong", "", before=lambda: _store_entry(fallback))
+    finally:
+        gpu_tuning.StepLoop.forward, gpu_tuning.CublasLoop.forward = step_forward, cublas_forward
 
 
 def _store_entry(entry: dict) -> None:

@@ -51,7 +51,9 @@ def select(
         raise ValueError(f"core must be one of {CORES}, got {core!r}")
     fn, name = (MLSTMFunction, "python") if core == "python" else _fused_backend(x, w)
     timed = fn is triton_core.TritonMLSTMFunction and core == "auto" and x.device.type == "cuda"
-    why = gpu_tuning.prefers_reference(x, w, backward, fn, MLSTMFunction) if timed else None
+    why = (
+        gpu_tuning.prefers_reference(x, w, backward, fn, MLSTMFunction, triton_core.run_op) if timed else None
+    )
     if why is not None:
         fn, name = MLSTMFunction, f"python ({why})"
     if fn is None:

@@ -3,33 +3,28 @@ the device while it checks and times the loops of a shape, beside the work that 
 estimates (training, evaluation, featurizing, fine-tuning, generation) add it where the Triton core will run on
 a CUDA device and the shape is new to the process (`first_call_bytes`); docs/memory.md says how it was counted.
 
-Read from the code, per unit u = B x T_TUNE x H (B the bucket, T_TUNE the timed steps), s the compute dtype's
-bytes and S the state dtype's (4; 8 for float64):
+Read from the code (gpu_ranking.rank, gpu_verify, gpu_loops, triton_core.run_op), per unit u = B x T_TUNE x H
+(B the bucket, T_TUNE the timed steps), s the compute dtype's bytes and S the state dtype's (4; 8 for float64):
 
-    F  the forward case (gpu_verify.forward_case): hs, ms (s each); cs, rs, tcs, pm (S each); gates, pg (4S)
-       -> (2s + 12S) u, and the weights 5 H^2 s
-    G  the backward case (backward_case): dp (5s), dr (s); dy, cs, rs, tcs (S each), gates (4S) -> (6s + 8S) u
-    R  the float64 reference forward the backward case is made from (reference_forward): pm, pg upcast (40)
-       and its outputs hs, cs, rs, ms, tcs, gates (72) -> 112 u, while F and G are held too
-    A  one CUDA graph's arena per graphed loop timed (step and cublas; gpu_loops._Arena: a copy of that
-       direction's buffers), kept until the shape is ranked: the forward's two while the backward is ranked
-    C  a check (gpu_verify.check, T_CHECK steps, while the timed case is held): its own case, the float64
-       reference of it and the compare's float64 copies: (2s + 12S + 112 + 64) per unit at T_CHECK forward;
-       backward also its backward case and reference (6s + 8S + 48)
-    P  the whole op timed against the reference core (prefers_reference, core "auto"): the reference's
-       autograd at T_TUNE, counted as a layer's training activations (in + 17 H floats a token) plus the
-       Triton op's saved buffers (F)
+    C  the checks first (gpu_verify.check, T_CHECK steps on one row fewer): a check's own case, the float64
+       reference of it and the compare's float64 copies, (2s + 12S + 112 + 64) per unit at T_CHECK forward,
+       backward also its backward case and reference (6s + 8S + 48); where graphs run, a copy of the case
+    W  the whole op timed per candidate (run_op): x and its token-major copy, the projection (5S), the forward's
+       buffers and output, (3s + 17S) u; backward also dy and its copy, dp, dr, dx, the weights' gradients
+    A  a CUDA graph's arena per graphed loop and direction timed (a copy of that direction's buffers), kept until
+       the shape is ranked: MAX_ARENAS (4) at most, 2 forward only
+    F, G, R  each loop timed alone (gpu_ranking._alone) on the timed forward case (gpu_verify.forward_case:
+       (2s + 12S) u and the weights 5 H^2 s), the backward case ((6s + 8S) u) and the float64 reference forward
+       it is made from (112 u)
+    P  the whole op timed against the reference core (prefers_reference, core "auto"): the reference's autograd
+       at T_TUNE, counted as a layer's training activations (in + 17 H floats a token), beside W
 
-    forward only (inference):   max(F + 2 F_A + C_f, P)          F_A, G_A: F, G where graphs run, else 0
-    forward and backward:       the same, and 2 F_A + F + R + G, 2 F_A + G + 2 G_A + C_b
+    peak = max(C, A + W, A + F (+ R + G backward), P)
 
-(the candidates are checked and timed one after another, cuBLAS and step first: the last one's check runs
-beside the arenas of the two graphed loops timed before it).
-
-A shape whose ranking is in the disk cache (gpu_choice_cache) is only checked: C at T_CHECK. One already
-ranked in this process costs nothing. tests/test_model_first_call.py holds the count to 1x-2x of what the
-tuner's tensors take, counted at the dispatcher in Triton's interpreter (no graphs there: the arenas' terms
-are the buffers' own sizes, read from gpu_loops._Arena).
+A shape whose ranking is in the disk cache (gpu_choice_cache) is only checked: C. One already ranked in this
+process costs nothing. tests/test_model_first_call.py holds the count to 1x-2x of what the tuner's tensors
+take, counted at the dispatcher in Triton's interpreter (no graphs there: the arenas are the buffers' own
+sizes, read from gpu_loops._Arena).
 """
 
 from __future__ import annotations
@@ -48,19 +43,26 @@ def bucket(rows: int) -> int:
 def tuner_bytes(B: int, H: int, D: int, s: int, backward: bool, graphs: bool, steps: int, check_steps: int,
                 op: bool = True) -> int:  # fmt: skip
     """The tuner's peak device bytes for a (bucket B, width H, input D) shape whose operands take `s` bytes,
-    timed at `steps` steps and checked at `check_steps` (module docstring: F, G, R, C, A, P); `graphs`: CUDA
+    timed at `steps` steps and checked at `check_steps` (module docstring: F, G, R, C, W, A, P); `graphs`: CUDA
     graphs run (arenas held); `op`: the whole op is timed against the reference core."""
     S = 8 if s == 8 else 4
     u, c, w = B * steps * H, B * check_steps * H, 5 * H * H * s
     F, G, R = (2 * s + 12 * S) * u + w, (6 * s + 8 * S) * u + w, 112 * u
-    C_f = (2 * s + 12 * S + 112 + 64) * c + w  # a forward check: its case, the float64 reference, the compare
-    C_b = C_f + (6 * s + 8 * S + 48) * c + w  # a backward check: both cases, both references
-    fa, ga = (F, G) if graphs else (0, 0)
-    P = (4 * (D + 17 * H) * B * steps + F) if op else 0
-    forward = max(F + 2 * fa + C_f, P)  # the last candidate is checked beside the arenas of those timed
-    if not backward:
-        return forward
-    return max(forward, 2 * fa + F + R + G, 2 * fa + G + 2 * ga + C_b)
+    C = (2 * s + 12 * S + 112 + 64) * c + w  # a forward check: its case, the float64 reference, the compare
+    if backward:
+        C += (6 * s + 8 * S + 48) * c + w  # a backward check: both cases, both references
+    x, k = B * steps * D * s, 6 * B * H * S  # the input; a loop's scratch (its products, a step's)
+    W = (
+        (3 * s + 17 * S) * u + 2 * x + w + k
+    )  # the whole op's forward: projection, buffers, output, x and its copy
+    if backward:
+        W += (7 * s + S) * u + x + w  # dy, its copy, dp, dr, dx, the weights' gradients and transposes
+    A = (
+        (4 * max(F, G) if backward else 2 * F) if graphs else 0
+    )  # the graphed loops' arenas, MAX_ARENAS at most
+    alone = F + (R + G if backward else 0) + k  # each loop timed alone on the timed cases
+    P = (4 * (D + 17 * H) * B * steps + W) if op else 0
+    return max(C + (c * (2 * s + 12 * S) if graphs else 0), A + W, A + alone, P)
 
 
 def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, element: int = 4) -> int:
@@ -70,7 +72,7 @@ def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, elemen
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda" or cfg.cell != "mlstm" or cfg.core == "python":
         return 0
-    from app.model import gpu_tuning, gpu_verify
+    from app.model import gpu_ranking, gpu_tuning, gpu_verify
 
     dtype = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[element]
     B, H = bucket(rows), cfg.hidden_dim
@@ -81,7 +83,7 @@ def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, elemen
     t = gpu_verify.T_CHECK
     if _cached(B, H, dtype, dev):  # only checked: the checks' own buffers
         return tuner_bytes(B, H, D, element, backward, graphs=False, steps=0, check_steps=t, op=False)
-    return tuner_bytes(B, H, D, element, backward, graphs, gpu_tuning.T_TUNE, t, op=cfg.core == "auto")
+    return tuner_bytes(B, H, D, element, backward, graphs, gpu_ranking.T_TUNE, t, op=cfg.core == "auto")
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device) -> bool:

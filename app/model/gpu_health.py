@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 SLOTS = 16  # rows of a device's flag tensor at first (it grows): shapes x directions x barrier loops
 _flags: dict[torch.device, torch.Tensor] = {}  # device -> (slots, 2) int32 [arrivals, failed]
-_slots: dict[tuple, int] = {}  # (device, id(ranking), loop name) -> row
+_slots: dict[tuple, int] = {}  # (device, id(ranking), loop label) -> row
 _owners: dict[
     tuple[torch.device, int], tuple[list, object, str]
 ] = {}  # (device, row) -> (ranking, loop, what)
@@ -49,7 +49,7 @@ def flag(device: torch.device, ranking: list, loop, what: str) -> torch.Tensor:
     loops for one direction, which `check` drops it from), on `device`; `what` names it in the warning
     ("forward loop persistent at B128 H4096")."""
     device = torch.device(device)
-    key = (device, id(ranking), loop.name)
+    key = (device, id(ranking), _label(loop))
     row = _slots.get(key)
     if row is None:
         row = _slots[key] = sum(1 for k in _slots if k[0] == device)
@@ -61,6 +61,11 @@ def flag(device: torch.device, ranking: list, loop, what: str) -> torch.Tensor:
             grown[: flags.shape[0]].copy_(flags)  # on the device, in stream order: no host wait
         flags = _flags[device] = grown
     return flags[row]
+
+
+def _label(loop) -> str:
+    """What the tuner calls a loop: its label (persistent-l2 told from persistent), else its name."""
+    return getattr(loop, "label", loop.name)
 
 
 def active() -> bool:
@@ -81,7 +86,7 @@ def check() -> list[str]:
             ranking, loop, what = _owners[(device, row)]
             if loop in ranking:
                 ranking.remove(loop)
-            nxt = f"the {ranking[0].name} loop runs it from now on" if ranking else "no other loop is left"
+            nxt = f"the {_label(ranking[0])} loop runs it from now on" if ranking else "no other loop is left"
             said.append(
                 f"mLSTM GPU {what} on {device}: its grid barrier gave up (its programs were not all resident), "
                 f"its outputs were NaN; dropped from the shape's ranking, {nxt}"

@@ -32,7 +32,7 @@ import torch
 
 from app.common import faults
 from app.model import gpu_health
-from app.model.gpu_tiles import Tiles, interpreting
+from app.model.gpu_tiles import Tiles, epilogue_rows, interpreting
 
 GRAPH_CACHE = int(os.environ.get("MLSTM_GRAPH_CACHE", "64"))
 MAX_ARENAS = 4  # (loop, direction, B, H, dtype, device) shapes whose buffers are kept for their graphs
@@ -70,9 +70,9 @@ def _precision(dtype: torch.dtype) -> dict:
 
 def fwd_args(b: dict, *, prod_r=None, prod_g=None, bar=None) -> dict:
     """mlstm_fwd's tensors by name (the kernels take them by keyword: a misordered one cannot alias another);
-    None for a pointer this launch does not read."""
+    None for a pointer this launch does not read; `part` (r's K slices) where the loop has it."""
     names = ("hs", "cs", "w_mh", "w_m", "pm", "pg", "rs", "ms", "gates", "tcs")
-    return {**{n: b[n] for n in names}, "prod_r": prod_r, "prod_g": prod_g, "bar": bar}
+    return {**{n: b[n] for n in names}, "prod_r": prod_r, "prod_g": prod_g, "part": b.get("part"), "bar": bar}
 
 
 def bwd_args(b: dict, *, prod_h=None, prod_m=None, bar=None) -> dict:
@@ -108,8 +108,19 @@ class Launch:
     use_dot: bool = True
 
 
+def phases(t: Tiles, fwd: bool) -> list[int]:
+    """The phases (triton_kernels' bits) a direction runs each step with tiles `t`, in their order: a split
+    phase's slices and sum only where it is split."""
+    k = _k()
+    if fwd:
+        return [p for p in k.FWD_PHASES if p != k.R_PART_PHASE.value or t.split_r > 1]
+    skip = {k.DH_PART_PHASE.value: t.split_h == 1, k.SUM_PHASE.value: t.split == 1}
+    return [p for p in k.BWD_PHASES if not skip.get(p)]
+
+
 class Loop:
-    """One way to run the loop: `forward(bufs, B, T, H)` / `backward(bufs, B, T, H)` fill the outputs."""
+    """One way to run the loop: `forward(bufs, B, T, H)` / `backward(bufs, B, T, H)` fill the outputs. `tag`
+    names a second tiling of the same loop (its `label`, e.g. persistent-l2, is what the tuner ranks)."""
 
     name = "loop"
     graphed = False
@@ -117,36 +128,29 @@ class Loop:
     directions = ("fwd", "bwd")  # the directions the tuner times it in
     use_dot = True
 
-    def __init__(self, tiles: Tiles) -> None:
+    def __init__(self, tiles: Tiles, tag: str = "") -> None:
         self.tiles = tiles
+        self.tag = tag
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.tag}" if self.tag else self.name
 
     def __repr__(self) -> str:
-        return f"{self.name}{self.tiles}"
+        return f"{self.label}{self.tiles}"
 
     def launches(self) -> list[Launch]:
         """Every kind of launch this loop makes (its forward's and backward's): what it runs, and what the
         compile test and bench/kernel_report.py build."""
-        k = _k()
-        fwd = [Launch(True, p, use_dot=self.use_dot) for p in k.FWD_PHASES]
-        bwd = [
-            Launch(False, p, use_dot=self.use_dot) for p in k.BWD_PHASES[: 3 if self.tiles.split > 1 else 2]
-        ]
-        return fwd + bwd
+        fwd = [Launch(True, p, use_dot=self.use_dot) for p in phases(self.tiles, True)]
+        return fwd + [Launch(False, p, use_dot=self.use_dot) for p in phases(self.tiles, False)]
 
     def consts(self, dtype: torch.dtype, launch: Launch) -> dict:
         """The constexprs and launch options of `launch` in `dtype`. What the launch does not use is given a
         fixed value (the tiles of a phase it does not run; the K step and precision where it computes no
         product), so launches that differ only there share one compiled kernel."""
-        k, t = _k(), self.tiles
-        if launch.fwd:
-            r, g = launch.phases & k.FWD_PHASES[0], launch.phases & k.FWD_PHASES[1]
-            tiles = dict(BB_R=t.bb_r if r else 16, BU_R=t.bu_r if r else 16, BB_G=t.bb_g if g else 16,
-                         BU_G=t.bu_g if g else 16)  # fmt: skip
-        else:
-            dh, dm, sm = (launch.phases & p for p in k.BWD_PHASES)
-            bb_h, bu_h, bb_m, bu_m = t.bwd()
-            tiles = dict(BB_H=bb_h if dh or sm else 16, BU_H=bu_h if dh or sm else 16,
-                         BB_M=bb_m if dm else 16, BU_M=bu_m if dm else 16, SPLIT=t.split)  # fmt: skip
+        t = self.tiles
+        tiles = _tile_consts(t, launch)
         cache = ".cg" if launch.sync and not interpreting() else ""
         prec = _precision(dtype)
         bk, stages = (t.bk, t.stages) if launch.use_dot else (16, 1)
@@ -168,20 +172,42 @@ class Loop:
         return fwd_args(b, prod_g=b["z"]) if fwd else bwd_args(b, prod_h=b["dh"])
 
     def programs(self, launch: Launch, B: int, H: int) -> int:
-        t = self.tiles
+        """Programs of a one-phase launch: its phase's tiles."""
+        k, t = _k(), self.tiles
         if launch.fwd:
-            return t.n_r(B, H) if launch.phases == _k().FWD_PHASES[0] else t.n_g(B, H)
-        return t.n_m(B, H) if launch.phases == _k().BWD_PHASES[1] else t.n_h(B, H)
+            n = {k.R_PART_PHASE.value: t.n_rk, k.R_PHASE.value: t.n_r, k.GATES_PHASE.value: t.n_g}
+        else:
+            n = {k.DH_PART_PHASE.value: t.n_hk, k.DH_PHASE.value: t.n_h, k.DM_PHASE.value: t.n_m,
+                 k.SUM_PHASE.value: t.n_h}  # fmt: skip
+        return n[launch.phases](B, H)
 
     def scratch(self, B: int, H: int, dtype: torch.dtype, device) -> dict:
         """Per-loop work buffers (no time axis), made once per arena or call, in the kernels' accumulator dtype:
         a step's products for their epilogues to read back (z (B, 4H) forward, dh (B, H) backward; each program
-        reads only its own tiles of them) and the K slices of a split phase."""
+        reads only its own tiles of them) and the K slices of a split phase (one split phase at a time)."""
         kw = dict(dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
         out = dict(z=torch.empty(B, 4 * H, **kw), dh=torch.empty(B, H, **kw))
-        if self.tiles.split > 1:
-            out["part"] = torch.empty(self.tiles.split, B, H, **kw)
+        if self.tiles.split_parts() > 1:
+            out["part"] = torch.empty(self.tiles.split_parts(), B, H, **kw)
         return out
+
+
+def _tile_consts(t: Tiles, launch: Launch) -> dict:
+    """The tile constexprs of `launch`: a phase it does not run gets 16s and no split (one compiled kernel for
+    launches that differ only there)."""
+    k = _k()
+    has = {p: bool(launch.phases & p) for p in (k.FWD_PHASES if launch.fwd else k.BWD_PHASES)}
+    if launch.fwd:
+        rk, r, g = (has[p] for p in k.FWD_PHASES)
+        return dict(BB_R=t.bb_r if r else 16, BU_R=t.bu_r if r else 16, BB_G=t.bb_g if g else 16,
+                    BU_G=t.bu_g if g else 16, BB_RK=t.bb_rk if rk else 16, BU_RK=t.bu_rk if rk else 16,
+                    SPLIT_R=t.split_r if r or rk else 1, EB_G=epilogue_rows(t.bb_g, t.bu_g) if g else 16)  # fmt: skip
+    hk, dh, dm, sm = (has[p] for p in k.BWD_PHASES)
+    bb_h, bu_h, bb_m, bu_m = t.bwd()
+    return dict(BB_H=bb_h if dh or sm else 16, BU_H=bu_h if dh or sm else 16, BB_M=bb_m if dm else 16,
+                BU_M=bu_m if dm else 16, SPLIT=t.split if dm or sm else 1, BB_HK=t.bb_hk if hk else 16,
+                BU_HK=t.bu_hk if hk else 16, SPLIT_H=t.split_h if dh or hk else 1,
+                EB_H=epilogue_rows(bb_h, bu_h) if dh else 16)  # fmt: skip
 
 
 class StepLoop(Loop):
@@ -269,17 +295,19 @@ class PersistentLoop(Loop):
         True  # launched with the co-residency guarantee (a test turns it off to see a barrier give up)
     )
 
-    def __init__(self, tiles: Tiles, programs: int) -> None:
-        super().__init__(tiles)
+    def __init__(self, tiles: Tiles, programs: int, tag: str = "") -> None:
+        super().__init__(tiles, tag)
         self.n_programs = programs
 
     def __repr__(self) -> str:
-        return f"{self.name}{self.tiles}x{self.n_programs}"
+        return f"{self.label}{self.tiles}x{self.n_programs}"
 
     def launches(self) -> list[Launch]:
-        k = _k()
-        bwd = sum(k.BWD_PHASES[: 3 if self.tiles.split > 1 else 2])
-        return [Launch(True, sum(k.FWD_PHASES), sync=True), Launch(False, bwd, sync=True)]
+        t = self.tiles
+        return [
+            Launch(True, sum(phases(t, True)), sync=True),
+            Launch(False, sum(phases(t, False)), sync=True),
+        ]
 
     def programs(self, launch: Launch, B: int, H: int) -> int:
         return self.n_programs
@@ -294,9 +322,9 @@ class PersistentLoop(Loop):
         if faults.barrier_times_out():
             bar[1].fill_(1)  # as a barrier that gave up: the kernel's own poison path runs
         if interpreting() and not int(bar[1]):  # (the host's own memory here: no device to wait for)
-            phases = [p for p in (_k().FWD_PHASES if fwd else _k().BWD_PHASES) if p & launch.phases]
+            run = [p for p in (_k().FWD_PHASES if fwd else _k().BWD_PHASES) if p & launch.phases]
             for t in range(T) if fwd else range(T - 1, -1, -1):
-                for p in phases:
+                for p in run:
                     c = self.consts(dtype, Launch(fwd, p, use_dot=launch.use_dot))
                     launch_kernel(kernel, P, {**args, "t0": t, "t1": t + 1, **scalars}, **c)
         else:
@@ -370,6 +398,21 @@ def _evict_over_cap() -> None:
         _arenas.popitem(last=False)  # the least recently used arena, its graphs with it
 
 
+def replayed(loop: Loop, w: torch.Tensor) -> bool:
+    """Whether `run` replays a CUDA graph of `loop` for weights `w` (from its second call of a length on):
+    graphed loops on CUDA, unless MLSTM_CUDA_GRAPHS=0 or MLSTM_GRAPH_CACHE=0."""
+    off = GRAPH_CACHE <= 0 or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
+    return loop.graphed and not interpreting() and w.is_cuda and not off
+
+
+def forget(loop: Loop, fwd: bool, B: int, H: int, w: torch.Tensor) -> None:
+    """Drop what `run` keeps for (loop, direction, B, H) in w's dtype and device: its arena, its graphs, the
+    record of its eager first calls (a check's shape is not training's: its arena would only hold memory)."""
+    key = (repr(loop), fwd, B, H, w.dtype, w.device)
+    _arenas.pop(key, None)
+    _seen.difference_update({k for k in _seen if k[0] == key})
+
+
 def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
     """Run one direction of `loop` over `bufs`: eagerly, or replaying its CUDA graph for this length once
     the kernels are compiled (`MLSTM_CUDA_GRAPHS=0`, the interpreter and the persistent loop: eagerly)."""
@@ -379,11 +422,7 @@ def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         (lambda b: loop.forward(b, B, T, H)) if fwd else (lambda b: loop.backward(b, B, T, H))
     )
     w = bufs["w_mh" if fwd else "w_mh_t"]
-    eager = (
-        not loop.graphed or interpreting() or not w.is_cuda or GRAPH_CACHE <= 0
-        or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0" or "dc_carry" in bufs  # (a graph zeroes dc)
-    )  # fmt: skip
-    if eager:
+    if not replayed(loop, w) or "dc_carry" in bufs:  # (a piece of the overlapped backward: a graph zeroes dc)
         return go({**bufs, **loop.scratch(B, H, w.dtype, w.device)})
     key = (repr(loop), fwd, B, H, w.dtype, w.device)
     if (key, T) not in _seen:

@@ -2,23 +2,29 @@
 the run of a choice that never hands on a wrong result.
 
 On first use of a (device, B, H, dtype) (B: `batch_bucket`, the next power of two) the candidates of
-app/model/gpu_loops.py (cublas, step, persistent; splitk for the backward) are each checked against the float64
-reference on a fresh input with a partial batch tile (app/model/gpu_verify.py), then timed on T_TUNE steps,
-forward and backward apart; those that pass are ranked by time for the process. `prefers_reference` then
+app/model/gpu_loops.py (cublas, step, persistent; splitk for the backward; persistent-l2, the persistent loop on
+the tiles the traffic model picks, where it predicts they pay: app/model/gpu_tiles.py) are each checked against
+the float64 reference on a fresh input with a partial batch tile, on the path training runs
+(app/model/gpu_verify.py), then timed as the layer runs them: the whole op, forward and backward back to back
+(app/model/gpu_ranking.py); those that pass are ranked by that time for the process. `prefers_reference` then
 times the whole op against the Python reference core (the dispatcher runs the reference where it wins, so the
-GPU path is never slower than it). The choice is logged once, with the times. A candidate that fails (a
-cooperative grid too large for the device, a kernel this Triton cannot build, a result off the reference) is
-left out with its reason. Rankings are also written to disk (app/model/gpu_choice_cache.py), so a later run
-starts without timing; a ranking read from disk is checked once per process, on a small input, before it is
-trusted, and timed afresh where it fails.
+GPU path is never slower than it). The ranking is logged once with each loop's whole-op time, its time alone
+and the traffic model's. A candidate that fails (a cooperative grid too large for the device, a kernel this
+Triton cannot build, a result off the reference) is left out with its reason. Rankings are also written to disk
+(app/model/gpu_choice_cache.py), so a later run starts without timing; a ranking read from disk has every loop
+in it checked once per process, on a small input, before it is trusted: a fallback that fails is dropped (one
+line), a first loop that fails has the shape timed afresh.
 
-`run` runs a direction with the ranking's first loop and, where that loop raises at launch (or its grid
-barrier gave up under the old per-launch wait, MLSTM_BARRIER_HOST_WAIT=1: gpu_loops.BarrierTimeout), redoes the
-work with the next one, with one warning line; the failed loop is dropped from the ranking for the process. A
-barrier that gives up without that wait poisons the loop's outputs (NaN) and sets its health flag, which the
-host reads where it already waits (app/model/gpu_health.py), dropping the loop there. A forced loop (`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|python`,
-untimed) or a cached one that cannot launch falls back the same way. In Triton's interpreter (the CPU tests)
-nothing is timed: the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
+`run` runs a direction with the ranking's first loop and, where that loop raises at launch, (not yet checked
+in this process) fails its check, or its grid barrier gave up under the old per-launch wait
+(MLSTM_BARRIER_HOST_WAIT=1: gpu_loops.BarrierTimeout), redoes the work with the next one, with one warning line;
+the failed loop is dropped from the ranking for the process. A barrier that gives up without that wait poisons
+the loop's outputs (NaN) and sets its health flag, which the host reads where it already waits
+(app/model/gpu_health.py), dropping the loop there. So no loop runs unchecked: a forced loop
+(`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|persistent-l2|python`, untimed) and each fallback behind it are
+checked before their first run. `MLSTM_GPU_TILES=old|new` leaves out the l2 candidate, or today's persistent
+and split tiles where an l2 one exists (an A/B of the tilings). In Triton's interpreter (the CPU tests) the loop
+is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
 """
 
 from __future__ import annotations
@@ -26,208 +32,124 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import statistics
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_verify
+from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_ranking
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
-from app.model.gpu_tiles import (
-    interpreting,
-    next_pow2,
-    persistent_tiles,
-    split_tiles,
-    tiles_for,
-    weights_in_l2,
-)
+from app.model.gpu_ranking import Choice, NoLoop, why
+from app.model.gpu_tiles import interpreting, next_pow2, tile_sets
 
 log = logging.getLogger(__name__)
 
-
-class NoLoop(RuntimeError):
-    """No GPU loop ran on this device for the shape (every candidate failed or disagreed)."""
-
-
+__all__ = ["Choice", "NoLoop"]  # gpu_ranking's, used through this module by the op and the benchmarks
 LOOPS = ("step", "cublas", "persistent", "splitk")
+LABELS = (*LOOPS, "persistent-l2")  # what MLSTM_GPU_LOOP can name
 FALLBACK_ORDER = ("cublas", "step", "persistent", "splitk")  # after a forced loop: cuBLAS's products first
-T_TUNE = 64  # steps per timed run: per-step costs dominate; the fixed ones (a launch, a replay) count too
-REPS, WARMUP = 5, 3  # timed runs (median) after warm-up runs: compile, graph capture, first replay
 _choices: dict = {}
 _logged: set = set()
 _override: list[str] = []  # forcing(): the loop to run, untimed (benchmarks, tests)
 
 
-@dataclass
-class Choice:
-    """The loops of a shape, fastest first (each direction's ranking: the first runs, the others are its
-    fallbacks). fwd_order empty: no loop runs on this device (times["failed"] says why): the reference core
-    does. bwd_order None: only the forward was needed (inference) so far."""
-
-    fwd_order: list[Loop]
-    bwd_order: list[Loop] | None
-    python: bool | None = None  # whether the reference core wins; None: not compared yet
-    times: dict = field(default_factory=dict)
-
-    @property
-    def fwd(self) -> Loop | None:
-        return self.fwd_order[0] if self.fwd_order else None
-
-    @property
-    def bwd(self) -> Loop | None:
-        return self.bwd_order[0] if self.bwd_order else None
-
-
 def candidates_for(B: int, H: int, dtype: torch.dtype, sms: int, l2_bytes: int, cc: int = 90) -> list[Loop]:
     """The loops the tuner times for a shape on a device of compute capability `cc` (90: sm_90) with `sms` SMs
-    and `l2_bytes` of L2, in the fallback order (cuBLAS first). The split backward's tiles are a candidate of
-    their own where they differ from the persistent loop's."""
-    tiles = tiles_for(B, H, dtype, sms, interpreting() or weights_in_l2(H, dtype, l2_bytes), cc)
-    persistent = persistent_tiles(tiles, dtype, cc)
-    split = persistent_tiles(split_tiles(tiles, B, H, sms, dtype), dtype, cc)
-
-    def programs(t) -> int:
-        return min(sms, max(t.n_r(B, H), t.n_g(B, H), t.n_h(B, H), t.n_m(B, H)))
-
-    loops: list[Loop] = [CublasLoop(tiles), StepLoop(tiles), PersistentLoop(persistent, programs(persistent))]
-    if split.bwd() != persistent.bwd() or split.split > 1:
-        loops.append(SplitKLoop(split, programs(split)))
+    and `l2_bytes` of L2, in the fallback order (cuBLAS first): gpu_tiles.tile_sets' tilings, each as its loop."""
+    kinds = {"cublas": CublasLoop, "step": StepLoop, "persistent": PersistentLoop, "splitk": SplitKLoop}
+    loops: list[Loop] = []
+    for c in tile_sets(B, H, dtype, sms, l2_bytes, cc):
+        if c.programs:
+            loops.append(kinds[c.kind](c.tiles, c.programs, tag=c.tag))
+        else:
+            loops.append(kinds[c.kind](c.tiles, tag=c.tag))
     return loops
 
 
-def device_size(device) -> tuple[int, int, int]:
-    """(SMs, L2 bytes, compute capability as 90 for sm_90) of a CUDA device; in the interpreter, a 3-SM Hopper
-    whose L2 holds any layer."""
-    if interpreting():
-        return 3, 1 << 40, 90
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, getattr(props, "L2_cache_size", 0), 10 * props.major + props.minor
-
-
 def candidates(B: int, H: int, dtype: torch.dtype, device) -> list[Loop]:
-    return candidates_for(B, H, dtype, *device_size(device))
+    return candidates_for(B, H, dtype, *gpu_ranking.device_size(device))
 
 
-def _time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
-    """Median of `reps` runs timed with CUDA events, after `warmup` (compile, graph capture, first replay).
-    Off CUDA (Triton's interpreter, the CPU tests of this module) a wall clock stands in."""
-    reps, warmup = reps or REPS, WARMUP if warmup is None else warmup
-    for _ in range(warmup):
-        fn()
-    cuda = torch.cuda.is_available() and not interpreting()
-    if cuda:
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if not cuda:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-            continue
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def _why(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
-
-
-def _tuning_buffers(B: int, H: int, dtype: torch.dtype, device) -> dict:
-    """Forward buffers of T_TUNE steps for timing, drawn at the scale training sees (weights ~ H^-1/2)."""
-    return gpu_verify.forward_case(B, T_TUNE, H, dtype, device, seed=0)
-
-
-def _backward_buffers(f: dict) -> dict:
-    """Backward buffers of T_TUNE steps: the forward's outputs from the float64 reference (no candidate's)."""
-    return gpu_verify.backward_case(f, gpu_verify.reference_forward(f), seed=0)
-
-
-def _rank(
-    loops: list[Loop], fwd: bool, B: int, H: int, dtype: torch.dtype, device, times: dict
-) -> list[Loop]:
-    """`loops` that run one direction correctly, fastest first. Each is first checked against the float64
-    reference (gpu_verify: a partial batch tile, element-wise, a tolerance from the dtype), then timed; one
-    that raises or is off the reference is left out with the reason: a kernel racing on some GPU is caught
-    here, before it trains anything."""
-    d = "fwd" if fwd else "bwd"
-    bufs = _tuning_buffers(B, H, dtype, device)
-    bufs = bufs if fwd else _backward_buffers(bufs)
-    ms: dict[Loop, float] = {}
-    for loop in [lp for lp in loops if d in lp.directions]:
-        try:
-            why = gpu_verify.check(loop, fwd, gpu_verify.check_rows(B), H, dtype, device)
-            if why is not None:
-                raise ArithmeticError(why)
-            ms[loop] = _time_ms(lambda loop=loop: gpu_loops.run(loop, fwd, bufs, B, T_TUNE, H))
-        except (
-            Exception
-        ) as e:  # a candidate this device or Triton cannot run, or gets wrong: left out, with why
-            times[f"{d}/{loop.name}"] = _why(e)
-            continue
-        times[f"{d}/{loop.name}"] = round(ms[loop], 3)
-    if not ms:
-        raise NoLoop(f"no GPU loop of the mLSTM core runs here: {times}")
-    return sorted(ms, key=ms.__getitem__)
-
-
-def _tune(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice:
+def _tune(B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool, op: gpu_ranking.Op) -> Choice:
     loops = candidates(B, H, dtype, device)
     log.info(
         "timing the mLSTM core's GPU loops for B%d H%d %s (%s): once per shape, seconds (kernels compile)",
-        B, H, str(dtype).removeprefix("torch."), ", ".join(lp.name for lp in loops),
+        B, H, str(dtype).removeprefix("torch."), ", ".join(lp.label for lp in loops),
     )  # fmt: skip
-    times: dict = {}
-    fwd = _rank(loops, True, B, H, dtype, device, times)
-    bwd = _rank(loops, False, B, H, dtype, device, times) if backward else None
-    gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
-    return Choice(fwd, bwd, times=times)
+    try:
+        choice = gpu_ranking.rank(loops, B, D, H, dtype, device, backward, op, {})
+    finally:
+        gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
+    log.info("%s", ranking_line(choice, B, H, dtype))
+    return choice
+
+
+def ranking_line(choice: Choice, B: int, H: int, dtype: torch.dtype) -> str:
+    """The ranking in one line: per direction, each loop (fastest first) with its tiles and ms for T_TUNE steps:
+    the whole op as the layer runs it / the loop alone / the traffic model's prediction for the loop."""
+    t = choice.times
+    parts = []
+    for d, order in (("fwd", choice.fwd_order), ("bwd", choice.bwd_order or [])):
+        for lp in order:
+            k = f"{d}/{lp.label}"
+            ms = "/".join(str(t.get(p + k, "-")) for p in ("", "loop/", "model/"))
+            parts.append(f"{k} [{lp.tiles.short(d == 'fwd')}] {ms}")
+    dt = str(dtype).removeprefix("torch.")
+    return (f"ranked the mLSTM core's GPU loops for B{B} H{H} {dt} (ms for T={gpu_ranking.T_TUNE}: whole op / loop "
+            f"alone / traffic model): " + "; ".join(parts))  # fmt: skip
+
+
+def _checked(choice: Choice, loop: Loop, fwd: bool, B: int, H: int, bufs: dict) -> str | None:
+    """Why `loop` may not run (its float64 check fails, or raises), or None; checked once per process."""
+    if (loop.label, fwd) in choice.checked:
+        return None
+    w = bufs["w_mh" if fwd else "w_mh_t"]
+    wrong = gpu_ranking.why_not(loop, fwd, batch_bucket(B), H, w.dtype, w.device)
+    if wrong is None:
+        choice.checked.add((loop.label, fwd))
+        return None
+    return f"its float64 check: {wrong}"
 
 
 def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
     """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises at
-    launch (or, under MLSTM_BARRIER_HOST_WAIT=1, its grid barrier gave up), the next (one warning line; the
-    work redone from the same inputs, which no loop writes). The failed loop leaves the ranking for the
-    process. Raises NoLoop when none is left. A barrier loop runs on its row of the device's health flags
-    (gpu_health): a barrier that gives up poisons the outputs and is found where the host already waits."""
+    launch, (its first run in this process) it fails its float64 check, or (under MLSTM_BARRIER_HOST_WAIT=1) its
+    grid barrier gave up, the next (one warning line; the work redone from the same inputs, which no loop
+    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left. A barrier loop
+    runs on its row of the device's health flags (gpu_health): a barrier that gives up poisons the outputs and
+    is found where the host already waits."""
     order = choice.fwd_order if fwd else choice.bwd_order
     d = "forward" if fwd else "backward"
     failures = []
     while order:
         loop = order[0]
         try:
-            if loop.barrier:
-                bar = gpu_health.flag(bufs["pm"].device, order, loop, f"{d} loop {loop.name} at B{B} H{H}")
-                gpu_loops.run(loop, fwd, {**bufs, "bar": bar}, B, T, H)
-            else:
-                gpu_loops.run(loop, fwd, bufs, B, T, H)
-            return
+            wrong = _checked(choice, loop, fwd, B, H, bufs)
+            if wrong is None:
+                if loop.barrier:
+                    what = f"{d} loop {loop.label} at B{B} H{H}"
+                    gpu_loops.run(loop, fwd, {**bufs, "bar": gpu_health.flag(bufs["pm"].device, order, loop, what)},
+                                  B, T, H)  # fmt: skip
+                else:
+                    gpu_loops.run(loop, fwd, bufs, B, T, H)
+                return
         except torch.cuda.OutOfMemoryError:
             raise  # the memory, not the loop: another loop would not fit either
         except Exception as e:
-            order.pop(0)
-            failures.append(f"{loop.name}: {_why(e)}")
-            nxt = f"redoing it with the {order[0].name} loop" if order else "no other loop is left"
-            log.warning(
-                "mLSTM GPU %s loop %s failed at B%d H%d T%d (%s): %s", d, loop.name, B, H, T, _why(e), nxt
-            )
+            wrong = why(e)
+        order.pop(0)
+        failures.append(f"{loop.label}: {wrong}")
+        nxt = f"redoing it with the {order[0].label} loop" if order else "no other loop is left"
+        log.warning("mLSTM GPU %s loop %s failed at B%d H%d T%d (%s): %s", d, loop.label, B, H, T, wrong, nxt)
     raise NoLoop(f"no GPU {d} loop of the mLSTM core ran at B{B} H{H}: {'; '.join(failures)}")
 
 
 @contextlib.contextmanager
 def forcing(loop: str) -> Iterator[None]:
-    """Within: every Triton core call runs `loop` (one of LOOPS), untimed; its backward too."""
-    if loop not in LOOPS:
-        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+    """Within: every Triton core call runs `loop` (one of LABELS), untimed; its backward too."""
+    if loop not in LABELS:
+        raise ValueError(f"loop must be one of {LABELS}, got {loop!r}")
     _override.append(loop)
     try:
         yield
@@ -239,24 +161,33 @@ def forced_loop() -> str:
     """The loop MLSTM_GPU_LOOP (or `forcing`) asks for, "" for none; a name that is none is one line."""
     default = "persistent" if interpreting() else ""
     want = _override[-1] if _override else os.environ.get("MLSTM_GPU_LOOP", default)
-    if want and want not in (*LOOPS, "python"):
+    if want and want not in (*LABELS, "python"):
         raise UserError(
-            f"MLSTM_GPU_LOOP must be one of {', '.join((*LOOPS, 'python'))} or unset, got {want!r}"
+            f"MLSTM_GPU_LOOP must be one of {', '.join((*LABELS, 'python'))} or unset, got {want!r}"
         )
     return want
 
 
 def pick(want: str, loops: list[Loop]) -> Loop:
-    """The loop named `want` among `loops` ("python": the step loop, for the Triton core's own calls);
-    splitk where its tiles are the persistent loop's (it is then not a candidate): the persistent loop."""
-    by_name = {loop.name: loop for loop in loops}
+    """The loop labelled `want` among `loops` ("python": the step loop, for the Triton core's own calls);
+    splitk where its tiles are the persistent loop's (it is then not a candidate): the persistent loop; a
+    persistent loop on the tiling that is not a candidate here (MLSTM_GPU_TILES, a shape with no l2 tiles):
+    the persistent loop that is, said once."""
+    by_label = {loop.label: loop for loop in loops}
     name = "step" if want == "python" else want
-    if name == "splitk" and name not in by_name:
-        if "splitk" not in _logged:
-            _logged.add("splitk")
-            log.info("MLSTM_GPU_LOOP=splitk: this shape's split tiles are the persistent loop's: it runs")
-        name = "persistent"
-    return by_name[name]
+    if name == "splitk" and name not in by_label:
+        name = _instead(name, "persistent", "this shape's split tiles are the persistent loop's")
+    if name in ("persistent", "persistent-l2") and name not in by_label:
+        other = "persistent-l2" if name == "persistent" else "persistent"
+        name = _instead(name, other, "this shape has no such tiles here (MLSTM_GPU_TILES, the traffic model)")
+    return by_label[name]
+
+
+def _instead(want: str, runs: str, why: str) -> str:
+    if want not in _logged:
+        _logged.add(want)
+        log.info("MLSTM_GPU_LOOP=%s: %s: %s runs", want, why, runs)
+    return runs
 
 
 def _fallbacks(first: Loop, loops: list[Loop], direction: str) -> list[Loop]:
@@ -274,6 +205,7 @@ def _forced(B: int, H: int, dtype: torch.dtype, device) -> Choice | None:
     loops = candidates(B, H, dtype, device)
     loop = pick(want, loops)
     fwd = loop if "fwd" in loop.directions else pick("persistent", loops)  # splitk's forward is persistent's
+    # unchecked: each loop is checked by `run` before its first run (the forced one and any it falls back to)
     return Choice(_fallbacks(fwd, loops, "fwd"), _fallbacks(loop, loops, "bwd"), python=want == "python",
                   times={"forced": want})  # fmt: skip
 
@@ -302,8 +234,11 @@ def _reuse(key: tuple, backward: bool) -> Choice | None:
     return found[0][1] if found else None
 
 
-def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice:
-    """The loops for x (B, T, D) and a recurrent weight w (H, H) in the compute dtype: timed on first use."""
+def loops_for(
+    x: torch.Tensor, w: torch.Tensor, backward: bool = True, op: gpu_ranking.Op | None = None
+) -> Choice:
+    """The loops for x (B, T, D) and a recurrent weight w (H, H) in the compute dtype: timed on first use, as
+    the whole op `op` (triton_core.run_op) runs them."""
     key = (*_key(x, w), _override[-1] if _override else None)
     choice = _choices.get(key)
     if choice is not None and (choice.bwd is not None or not backward or choice.fwd is None):
@@ -315,8 +250,10 @@ def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice
     B, H = batch_bucket(x.shape[0]), w.shape[0]
     choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward)
     if choice is None:
+        if op is None:
+            raise ValueError("the loops of a new shape are timed in the op: loops_for needs op=")
         try:
-            choice = _tune(B, H, w.dtype, x.device, backward)
+            choice = _tune(B, x.shape[2], H, w.dtype, x.device, backward, op)
         except NoLoop as e:  # the reference core runs (core "auto"); core "fused" says why (triton_core)
             choice = Choice([], [], python=True, times={"failed": str(e)})
         _store(B, H, w.dtype, x.device, choice)
@@ -324,13 +261,14 @@ def loops_for(x: torch.Tensor, w: torch.Tensor, backward: bool = True) -> Choice
     return choice
 
 
-def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_fn, python_fn) -> str | None:
+def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_fn, python_fn,
+                      op: gpu_ranking.Op) -> str | None:  # fmt: skip
     """Why the Python reference core runs at this shape instead of the Triton core (its tuned loops), or None:
     both whole ops timed on T_TUNE steps (forward and backward, or forward alone), once per shape; or no
     Triton loop ran here. Logs the choice."""
     if _override:
         return None
-    choice = loops_for(x, w, backward)
+    choice = loops_for(x, w, backward, op)
     if choice.python is None and choice.fwd is not None:
         B, D, H = batch_bucket(x.shape[0]), x.shape[2], w.shape[0]
         ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
@@ -348,15 +286,8 @@ def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_f
 
 
 def _time_op(fn, B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool) -> float:
-    g = torch.Generator(device=device).manual_seed(1)
-    sdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    shapes = [((B, T_TUNE, D), 1.0, dtype), ((5 * H, D), D**-0.5, dtype), ((4 * H,), 0.1, sdt),
-              ((H, H), H**-0.5, dtype), ((4 * H, H), H**-0.5, dtype)]  # fmt: skip
-    leaves = [
-        (torch.randn(s, generator=g, device=device) * a).to(dt).requires_grad_(backward)
-        for s, a, dt in shapes
-    ]
-    dy = torch.randn(B, T_TUNE, H, generator=g, device=device).to(dtype)
+    leaves, dy = gpu_ranking.op_inputs(B, D, H, dtype, device, backward=True)
+    leaves = [t.requires_grad_(backward) for t in leaves]
 
     def step() -> None:
         with torch.enable_grad():
@@ -364,19 +295,20 @@ def _time_op(fn, B: int, D: int, H: int, dtype: torch.dtype, device, backward: b
             if backward:
                 y.backward(dy)
 
-    return _time_ms(step, reps=max(1, REPS - 2), warmup=min(2, WARMUP))
+    reps, warmup = max(1, gpu_ranking.REPS - 2), min(2, gpu_ranking.WARMUP)
+    return gpu_ranking.time_ms(step, reps=reps, warmup=warmup)
 
 
 def _log(x: torch.Tensor, w: torch.Tensor, choice: Choice) -> None:
     if choice.fwd is None:
         what = f"python (the reference core): {choice.times['failed']}"
     else:
-        what = "python (the reference core)" if choice.python else f"triton {choice.fwd.name} forward"
+        what = "python (the reference core)" if choice.python else f"triton {choice.fwd.label} forward"
     if not choice.python and choice.bwd is not None:
-        what += f", {choice.bwd.name} backward"
+        what += f", {choice.bwd.label} backward"
     dt = str(w.dtype).removeprefix("torch.")
     log.info("mLSTM core on %s %s B%d H%d: %s (ms at T=%d: %s)", x.device, dt, batch_bucket(x.shape[0]), w.shape[0], what,
-             T_TUNE, choice.times)  # fmt: skip
+             gpu_ranking.T_TUNE, choice.times)  # fmt: skip
 
 
 # ---- the choice on disk (app/model/gpu_choice_cache.py)
@@ -389,6 +321,8 @@ def _code_files() -> tuple[str, ...]:
     names = (
         "gpu_loops.py",
         "gpu_tiles.py",
+        "gpu_traffic.py",
+        "gpu_ranking.py",
         "gpu_verify.py",
         "triton_kernels.py",
         "gpu_tuning.py",
@@ -399,14 +333,15 @@ def _code_files() -> tuple[str, ...]:
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
-    """The ranking stored for the shape, checked on a small input (once per process: the choice is then kept
-    in _choices), or None: nothing stored, an entry this code does not know (another format, a loop name
-    that is not a candidate here), or one whose first loop fails its check now (said in one line)."""
+    """The ranking stored for the shape, every loop in it checked on a small input (once per process: the choice
+    is then kept in _choices), or None: nothing stored, an entry this code does not know (another format, a
+    loop label that is not a candidate here), or one whose first loop fails its check now (said in one line).
+    A fallback that fails its check is dropped from the ranking (said in one line)."""
     entry = gpu_choice_cache.load(B, H, dtype, device, _code_files(), _variant(dtype))
     if entry is None:
         return None
     try:
-        loops = {loop.name: loop for loop in candidates(B, H, dtype, device)}
+        loops = {loop.label: loop for loop in candidates(B, H, dtype, device)}
         fwd = [loops[n] for n in entry["fwd"]]
         bwd = [loops[n] for n in entry["bwd"]] if entry["bwd"] is not None else None
         choice = Choice(fwd, bwd, entry["python"], {"cached": True})
@@ -414,27 +349,26 @@ def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choic
         return None  # a foreign or older entry: time it
     if not fwd or (backward and not bwd) or not isinstance(entry["python"], (bool, type(None))):
         return None
-    for loop, d in ((choice.fwd, True), (choice.bwd, False)):
-        try:
-            why = (
-                None
-                if loop is None
-                else gpu_verify.check(loop, d, gpu_verify.check_rows(B), H, dtype, device)
-            )
-        except Exception as e:
-            why = _why(e)
-        if why is not None:
-            log.warning("the cached mLSTM GPU loop %s (B%d H%d) fails its check here (%s): timing afresh",
-                        loop.name, B, H, why)  # fmt: skip
-            return None
+    for order, d in ((choice.fwd_order, True), (choice.bwd_order or [], False)):
+        for loop in list(order):
+            wrong = gpu_ranking.why_not(loop, d, B, H, dtype, device)
+            if wrong is None:
+                choice.checked.add((loop.label, d))
+                continue
+            first = loop is order[0]
+            log.warning("the cached mLSTM GPU loop %s (B%d H%d) fails its check here (%s): %s", loop.label, B, H,
+                        wrong, "timing afresh" if first else "dropped from the ranking")  # fmt: skip
+            if first:
+                return None
+            order.remove(loop)
     return choice
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
     if "forced" in choice.times or choice.fwd is None:  # a failure may not last: the next run tries again
         return
-    bwd = [lp.name for lp in choice.bwd_order] if choice.bwd_order is not None else None
-    entry = {"fwd": [lp.name for lp in choice.fwd_order], "bwd": bwd, "python": choice.python}
+    bwd = [lp.label for lp in choice.bwd_order] if choice.bwd_order is not None else None
+    entry = {"fwd": [lp.label for lp in choice.fwd_order], "bwd": bwd, "python": choice.python}
     gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
 
 

@@ -8,8 +8,9 @@ everything would have let them through. The check's batch is one row short of th
 for, so the last batch tile is partial, as a length bucket's last micro-batch is; the initial state is not
 zero (a carried state, prefill); every output is NaN before the loop runs (an unwritten element fails).
 
-Used by the tuner (app/model/gpu_tuning.py) on every candidate before it is timed, and once per process on a
-choice read from the disk cache before it is trusted.
+Used by the tuner (app/model/gpu_ranking.py) on every candidate before it is timed, on every loop of a choice
+read from the disk cache before it is trusted, and (app/model/gpu_tuning.run) on a forced loop and any fallback
+before their first run. The check runs the path training runs: the CUDA-graph replay where one is used.
 """
 
 from __future__ import annotations
@@ -122,13 +123,21 @@ def check(
     loop: gpu_loops.Loop, fwd: bool, B: int, H: int, dtype: torch.dtype, device, seed: int = 0
 ) -> str | None:
     """Run `loop` (one direction) on a fresh check case of B rows; why it is wrong, or None. A loop that
-    raises propagates (the caller leaves it out with why)."""
+    raises propagates (the caller leaves it out with why). It runs on the path training runs: where
+    gpu_loops.run replays a CUDA graph of the loop (its second call of a length on), a first call on a copy of
+    the case runs it eagerly, and the checked call captures the graph and replays it (the arena's copies in and
+    out included); the check's arena is then dropped."""
     f = forward_case(B, T_CHECK, H, dtype, device, seed)
     ref = reference_forward(f)
-    if fwd:
-        gpu_loops.run(loop, True, f, B, T_CHECK, H)
-        return mismatch(f, ref, tolerance(dtype))
-    b = backward_case(f, ref, seed)
-    want = reference_backward(b)
-    gpu_loops.run(loop, False, b, B, T_CHECK, H)
-    return mismatch(b, want, tolerance(dtype))
+    case = f if fwd else backward_case(f, ref, seed)
+    want = ref if fwd else reference_backward(case)
+    w = case["w_mh" if fwd else "w_mh_t"]
+    replays = gpu_loops.replayed(loop, w)
+    try:
+        if replays:  # the eager first call (on a copy: the checked call starts from NaN outputs)
+            gpu_loops.run(loop, fwd, {n: v.clone() for n, v in case.items()}, B, T_CHECK, H)
+        gpu_loops.run(loop, fwd, case, B, T_CHECK, H)
+    finally:
+        if replays:
+            gpu_loops.forget(loop, fwd, B, H, w)
+    return mismatch(case, want, tolerance(dtype))

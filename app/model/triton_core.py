@@ -87,7 +87,7 @@ def _forward(x, w_in, bias, w_mh, w_m, state, choice: gpu_tuning.Choice) -> tupl
 
 def _loops(ctx, x: torch.Tensor, w_mh: torch.Tensor) -> gpu_tuning.Choice:
     """The tuned loops for this call (the backward's timed too only where a gradient will be asked for)."""
-    loops = gpu_tuning.loops_for(x, w_mh, backward=any(ctx.needs_input_grad))
+    loops = gpu_tuning.loops_for(x, w_mh, backward=any(ctx.needs_input_grad), op=run_op)
     if loops.fwd is None:  # core="fused" on a device where no loop runs ("auto" runs the reference instead)
         raise RuntimeError(f"core='fused': {_why_none(loops)}")
     return loops
@@ -99,16 +99,22 @@ def _why_none(loops: gpu_tuning.Choice) -> str:
 
 
 def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, choice: gpu_tuning.Choice) -> None:
-    b = bufs
     ctx.choice = choice
-    ctx.save_for_backward(
-        xt, w_in, b["w_mh"], b["w_m"], b["pm"], b["gates"], b["cs"], b["tcs"], b["rs"], b["ms"], b["hs"]
-    )
+    ctx.save_for_backward(*_kept(bufs, xt, w_in))
+
+
+def _kept(b: dict, xt: torch.Tensor, w_in: torch.Tensor) -> tuple:
+    """What the backward needs of the forward (`_grads`' arguments after dy)."""
+    return xt, w_in, b["w_mh"], b["w_m"], b["pm"], b["gates"], b["cs"], b["tcs"], b["rs"], b["ms"], b["hs"]
 
 
 def _backward(ctx, dy: torch.Tensor) -> tuple:
     """(dx, d(w_in), d(bias), d(w_mh), d(w_m)) of the saved forward."""
-    xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs = ctx.saved_tensors
+    return _grads(ctx.choice, dy, *ctx.saved_tensors, need_dx=ctx.needs_input_grad[0])
+
+
+def _grads(choice, dy, xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs, need_dx: bool) -> tuple:
+    """The backward loop (the choice's, falling back as gpu_tuning.run does) and the products after it."""
     T, B, H = pm.shape
     D = xt.shape[1]
     cdt, sdt = w_mh.dtype, cs.dtype
@@ -121,8 +127,8 @@ def _backward(ctx, dy: torch.Tensor) -> tuple:
         dc=torch.zeros(B, H, dtype=sdt, **kw),
     )  # fmt: skip
     if n := wgrad_overlap.chunks():  # the weight gradients overlapped with the loop, in time pieces
-        return wgrad_overlap.backward(ctx.choice, bufs, xt, w_in, ms, hs[:-1], ctx.needs_input_grad[0], n)
-    gpu_tuning.run(ctx.choice, False, bufs, B, T, H)
+        return wgrad_overlap.backward(choice, bufs, xt, w_in, ms, hs[:-1], need_dx, n)
+    gpu_tuning.run(choice, False, bufs, B, T, H)
     N = T * B
     dP2 = bufs["dp"].view(N, 5 * H)
     dG2 = dP2[:, H:]  # (N, 4H)
@@ -131,9 +137,19 @@ def _backward(ctx, dy: torch.Tensor) -> tuple:
     d_bias = dG2.sum(dim=0, dtype=sdt)  # (4H,)
     d_w_in = grad_weight(dP2, xt)  # (5H, D): both input projections in one product
     dx = None
-    if ctx.needs_input_grad[0]:
+    if need_dx:
         dx = linear(dP2, w_in.t().contiguous()).view(T, B, D).transpose(0, 1)  # (B, T, D), K = 5H
     return dx, d_w_in, d_bias, d_w_mh, d_w_m
+
+
+def run_op(choice: gpu_tuning.Choice, leaves: list, dy: torch.Tensor | None) -> None:
+    """The op's forward (x, w_in, bias, w_mh, w_m) -> h with `choice`'s loops and, given dy, its backward: the
+    code TritonMLSTMFunction runs, without autograd's bookkeeping (the tuner times candidates through it)."""
+    x, w_in, bias, w_mh, w_m = leaves
+    bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, choice)
+    bufs["hs"][1:].transpose(0, 1).contiguous()  # the op's output, as the Function hands it on
+    if dy is not None:
+        _grads(choice, dy, *_kept(bufs, xt, w_in), need_dx=True)
 
 
 class TritonMLSTMFunction(torch.autograd.Function):
@@ -174,7 +190,7 @@ class TritonMLSTMFromState(torch.autograd.Function):
 def prefill(x, lengths, w_in, bias, w_mh, w_m, state=None) -> tuple[torch.Tensor, tuple]:
     """Inference: x (B, T, in) from `state` (zero when None) -> (h (B, T, H), (h, c) after row b's first
     lengths[b] steps); `mlstm_core.mlstm_prefill`'s contract, through the forward loop alone."""
-    loops = gpu_tuning.loops_for(x, w_mh, backward=False)
+    loops = gpu_tuning.loops_for(x, w_mh, backward=False, op=run_op)
     if loops.fwd is None:
         raise RuntimeError(f"core='fused': {_why_none(loops)}")
     bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops)

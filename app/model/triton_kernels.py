@@ -8,8 +8,11 @@ and a tile is a small product with the step's elementwise work in its epilogue:
     backward  phase 1  dh = W_mh^T d(r_{t+1})    epilogue: + dy_t, then step t's gate and cell derivatives:
                                                  dG_t, and the dc carry to c_{t-1}
               phase 2  dm = W_m^T dG_t (K = 4H)  epilogue: d(pm_t) = dm * r_t, d(r_t) = dm * pm_t
-                       (SPLIT > 1: split over K, each slice into a buffer; phase 3 sums them, then the
-                       epilogue: the phase's tiles read dG once per slice instead of once per unit tile)
+    Split over K (SPLIT_R, SPLIT_H, SPLIT > 1): a phase's product is cut into K slices, each written to `part`
+    by a program of its own on a large tile (the weights and the state each read once per slice, not once per
+    unit tile or batch tile), and a phase of small tiles sums the slices in a fixed order (deterministic: no
+    atomics) and runs the epilogue: r's slices before phase 1 (R_PART_PHASE), dh's before the backward's
+    phase 1 (DH_PART_PHASE), dm's in phase 2 itself, summed by phase 3 (SUM_PHASE).
 
 Every phase-2 tile of the forward (phase-1 of the backward) owns all FOUR gates of its units (W_m's rows
 g*H + unit, g = i, f, o, u: the gate-interleaved slice, gathered in place), so the cell math needs nothing
@@ -59,13 +62,16 @@ import triton
 import triton.language as tl
 
 # The phases (PHASES is a sum of these; the persistent loop runs them all, a grid barrier after each)
-R_PHASE = tl.constexpr(1)  # forward: r = W_mh h_{t-1}, m = pm * r
+R_PHASE = tl.constexpr(1)  # forward: r = W_mh h_{t-1} (or the sum of its K slices), m = pm * r
 GATES_PHASE = tl.constexpr(2)  # forward: z = W_m m, gates, c, h
-DH_PHASE = tl.constexpr(1)  # backward: dh = dy + W_mh^T d(r_{t+1}), the gate derivatives dG, the dc carry
+R_PART_PHASE = tl.constexpr(4)  # forward, split over K only: r's K slices, before R_PHASE
+DH_PHASE = tl.constexpr(1)  # backward: dh = dy + W_mh^T d(r_{t+1}) (or its slices summed), dG, the dc carry
 DM_PHASE = tl.constexpr(2)  # backward: dm = W_m^T dG (K = 4H), or its K slices under a split
 SUM_PHASE = tl.constexpr(4)  # backward, split over K only: the slices summed, dm's epilogue
-FWD_PHASES = (int(R_PHASE.value), int(GATES_PHASE.value))
-BWD_PHASES = (int(DH_PHASE.value), int(DM_PHASE.value), int(SUM_PHASE.value))
+DH_PART_PHASE = tl.constexpr(8)  # backward, split over K only: dh's K slices, before DH_PHASE
+# in the order they run within a step (a phase whose split is 1 is not run)
+FWD_PHASES = (int(R_PART_PHASE.value), int(R_PHASE.value), int(GATES_PHASE.value))
+BWD_PHASES = (int(DH_PART_PHASE.value), int(DH_PHASE.value), int(DM_PHASE.value), int(SUM_PHASE.value))
 FLAG_EVERY = tl.constexpr(256)  # barrier polls between reads of the failure flag
 QUIET_NAN = tl.constexpr(0x7FC00000)  # float32's quiet NaN, as bits: what a tile of a poisoned launch holds
 
@@ -135,21 +141,56 @@ def _gate_rows(ru, H, BU: tl.constexpr):
     return (j // BU) * H + tl.reshape(tl.broadcast_to(ru[None, :], (4, BU)), (4 * BU,))
 
 
+# ---- split over K
+
+
+@triton.jit
+def _part_tile(tile, a_ptr, a_row, b_ptr, b_row, K, part, B, H,
+               BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+               UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """Slice s = tile % SPLIT of a (units, batch) product over K, into part[s] (SPLIT, B, H): rows ru * a_row of
+    the weights `a_ptr` against rows rb * b_row of the state `b_ptr`, k in [s KS, (s + 1) KS). The SPLIT slices
+    of one output tile are adjacent tiles. The last slices may be short, or empty (their part is zeros)."""
+    s = tile % SPLIT
+    rb, ru, bok, uok = _tile(tile // SPLIT, B, H, BB, BU)
+    ks = tl.cdiv(tl.cdiv(K, SPLIT), BK) * BK
+    k0 = s * ks
+    klen = tl.minimum(ks, K - k0)
+    acc = tl.zeros((BU, BB), dtype=ACC)
+    acc = _rows_dot(acc, a_ptr + k0, ru * a_row, uok, b_ptr + k0, rb * b_row, bok, klen, BK, UPCAST, ACC, PREC,
+                    CACHE)  # fmt: skip
+    off = s * B * H + rb[None, :] * H + ru[:, None]
+    tl.store(part + off, acc.to(part.dtype.element_ty), mask=uok[:, None] & bok[None, :])
+
+
+@triton.jit
+def _slices(part, off, mask, B, H, BB: tl.constexpr, BU: tl.constexpr, SPLIT: tl.constexpr,
+            ACC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """The SPLIT K slices of a (units, batch) tile's product summed in a fixed order (no atomics)."""
+    acc = tl.zeros((BU, BB), dtype=ACC)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part + s * B * H + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC)
+    return acc
+
+
 # ---- forward
 
 
 @triton.jit
-def _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod, B, H,
-                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+def _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod, part, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
                 UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
-    """r_t = W_mh h_{t-1} (hs row t holds h_{t-1}) for a (units, batch) tile; m_t = pm_t * r_t."""
+    """r_t = W_mh h_{t-1} (hs row t holds h_{t-1}) for a (units, batch) tile, or (SPLIT > 1) the sum of its K
+    slices R_PART_PHASE wrote; m_t = pm_t * r_t."""
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
-    if USE_DOT:
-        acc = tl.zeros((BU, BB), dtype=ACC)
-        acc = _rows_dot(acc, w_mh, ru * H, uok, hs + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
     mask = uok[:, None] & bok[None, :]
     off = rb[None, :] * H + ru[:, None]  # (BU, BB) within one step's (B, H)
-    if not USE_DOT:
+    if SPLIT > 1:
+        acc = _slices(part, off, mask, B, H, BB, BU, SPLIT, ACC, CACHE)
+    elif USE_DOT:
+        acc = tl.zeros((BU, BB), dtype=ACC)
+        acc = _rows_dot(acc, w_mh, ru * H, uok, hs + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
+    else:
         acc = tl.load(prod + off, mask=mask, other=0.0).to(ACC)
     p = tl.load(pm + t * B * H + off, mask=mask, other=0.0).to(ACC)
     tl.store(rs + t * B * H + off, acc.to(rs.dtype.element_ty), mask=mask)
@@ -158,11 +199,14 @@ def _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod, B, H,
 
 @triton.jit
 def _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod, B, H,
-                    BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                    UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                    BB: tl.constexpr, BU: tl.constexpr, EB: tl.constexpr, BK: tl.constexpr,
+                    USE_DOT: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
                     CACHE: tl.constexpr):  # fmt: skip
     """The four gates of a tile's units: pre = pg_t + W_m m_t; gates [si, sf, so, tu], c_t, tanh c_t, h_t.
-    pg (T, B, 4H): [i, f, o, u] pre-activations W_x x_t + b; gates (T, B, 4H) in the same order."""
+    pg (T, B, 4H): [i, f, o, u] pre-activations W_x x_t + b; gates (T, B, 4H) in the same order. The epilogue
+    runs on EB batch rows at a time (the product is in memory: a (4 x 32, 128) tile's epilogue in one piece
+    held 16 registers a thread for each of its ~10 tensors, and beside the persistent loop's other phases
+    spilled under Triton 3.9)."""
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
     if USE_DOT:
         rows = _gate_rows(ru, H, BU)  # (4 BU,) W_m rows = columns of the step's (B, 4H) pre-activations
@@ -171,8 +215,18 @@ def _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod, B, H,
         acc = _rows_dot(acc, w_m, rows * H, rok, ms + t * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE)
         _through(prod, rb[None, :] * 4 * H + rows[:, None], acc, rok[:, None] & bok[None, :])
     # the step's z = m_t W_m^T (B, 4H) is in prod (this tile's product, or cuBLAS's)
+    row0 = (tile % tl.cdiv(B, BB)) * BB
+    for c in tl.static_range(BB // EB):
+        rows_c = row0 + c * EB + tl.arange(0, EB)
+        _gates_epilogue(t, rows_c, ru, rows_c < B, uok, pg, gates, cs, tcs, hs, prod, B, H, ACC, CACHE)
+
+
+@triton.jit
+def _gates_epilogue(t, rb, ru, bok, uok, pg, gates, cs, tcs, hs, prod, B, H, ACC: tl.constexpr,
+                    CACHE: tl.constexpr):  # fmt: skip
+    """The gate and cell math of units ru, batch rows rb, from the product in prod."""
     mask = uok[:, None] & bok[None, :]
-    g = rb[None, :] * (4 * H) + ru[:, None]  # (BU, BB): gate i of (b, u); + g H for the others
+    g = rb[None, :] * (4 * H) + ru[:, None]  # (BU, EB): gate i of (b, u); + g H for the others
     pgt = pg + t * B * 4 * H + g
     z = prod + g
     si = _sigmoid(_z(z, mask, ACC) + tl.load(pgt, mask=mask, other=0.0).to(ACC))
@@ -250,28 +304,39 @@ def _poison_fwd(pid, nprog, t0, t1, rs, ms, gates, cs, tcs, hs, B, H,
 
 
 @triton.jit(do_not_specialize=["t0", "t1", "B"])
-def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar, t0, t1, B, H,
+def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, part, bar, t0, t1, B, H,
               PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_R: tl.constexpr, BU_R: tl.constexpr, BB_G: tl.constexpr, BU_G: tl.constexpr,
+              BB_RK: tl.constexpr, BU_RK: tl.constexpr, SPLIT_R: tl.constexpr, EB_G: tl.constexpr,
               BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
               CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
     """Steps t0 .. t1-1 of the forward. Buffers: hs (T+1, B, H) h_0..h_T; cs (T+1, B, H) c_0..c_T; pm
-    (T, B, H) W_mx x_t; pg (T, B, 4H) W_x x_t + b; out rs, ms (T, B, H), gates (T, B, 4H), tcs (T, B, H)."""
+    (T, B, H) W_mx x_t; pg (T, B, 4H) W_x x_t + b; out rs, ms (T, B, H), gates (T, B, 4H), tcs (T, B, H).
+    SPLIT_R > 1: r's K slices on (BU_RK, BB_RK) tiles into part (SPLIT_R, B, H) fp32, summed by phase 1. EB_G:
+    the gate epilogue's batch rows at a time (a divisor of BB_G)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_r = tl.cdiv(B, BB_R) * tl.cdiv(H, BU_R)
     n_g = tl.cdiv(B, BB_G) * tl.cdiv(H, BU_G)
+    n_rk = tl.cdiv(B, BB_RK) * tl.cdiv(H, BU_RK) * SPLIT_R
     epoch = 0
     for t in range(t0, t1):
+        if SPLIT_R > 1:
+            if R_PART_PHASE & PHASES:
+                for tile in range(pid, n_rk, nprog):
+                    _part_tile(tile, w_mh, H, hs + t * B * H, H, H, part, B, H, BB_RK, BU_RK, BK, SPLIT_R,
+                               UPCAST, ACC, PREC, CACHE)  # fmt: skip
+            if SYNC:
+                epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if R_PHASE & PHASES:
             for tile in range(pid, n_r, nprog):
-                _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod_r, B, H, BB_R, BU_R, BK, USE_DOT,
+                _fwd_r_tile(tile, t, hs, w_mh, pm, rs, ms, prod_r, part, B, H, BB_R, BU_R, BK, SPLIT_R, USE_DOT,
                             UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if GATES_PHASE & PHASES:
             for tile in range(pid, n_g, nprog):
-                _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod_g, B, H, BB_G, BU_G, BK,
+                _fwd_gates_tile(tile, t, ms, w_m, pg, gates, cs, tcs, hs, prod_g, B, H, BB_G, BU_G, EB_G, BK,
                                 USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
@@ -284,25 +349,44 @@ def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, bar
 
 
 @triton.jit
-def _bwd_h_tile(tile, t, WITH_DOT, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod, B, H,
-                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
-    """dh_t = dy_t + W_mh^T d(r_{t+1}) (no product at t = T-1), then step t's gate derivatives:
-    dc += dh so (1 - tc^2); dG_t = [dc tu si', dc c_{t-1} sf', dh tc so', dc si tu'] into dP[..., H:]; the
-    carry dc * sf_t is left in dc (B, H) for step t-1. w_mh_t: W_mh^T, contiguous (its rows are W_mh's
-    columns)."""
+def _bwd_h_tile(tile, t, WITH_DOT, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod, part, B, H,
+                BB: tl.constexpr, BU: tl.constexpr, EB: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                USE_DOT: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                CACHE: tl.constexpr):  # fmt: skip
+    """dh_t = dy_t + W_mh^T d(r_{t+1}) (no product at t = T-1; SPLIT > 1: the sum of its K slices
+    DH_PART_PHASE wrote), then step t's gate derivatives, EB batch rows at a time (the product is in memory: a
+    (64, 128) tile's epilogue in one piece, beside the persistent loop's other phases, spilled under Triton
+    3.9). w_mh_t: W_mh^T, contiguous (its rows are W_mh's columns)."""
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
+    if SPLIT == 1:  # noqa: SIM102  (a constexpr branch, apart: compiled away, never tested at run time)
+        if WITH_DOT and USE_DOT:
+            acc = tl.zeros((BU, BB), dtype=ACC)
+            acc = _rows_dot(
+                acc, w_mh_t, ru * H, uok, dr + (t + 1) * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE
+            )
+            _through(prod, rb[None, :] * H + ru[:, None], acc, uok[:, None] & bok[None, :])
+    row0 = (tile % tl.cdiv(B, BB)) * BB
+    for c in tl.static_range(BB // EB):
+        rows_c = row0 + c * EB + tl.arange(0, EB)
+        _bwd_h_epilogue(t, WITH_DOT, rows_c, ru, rows_c < B, uok, dy, gates, cs, tcs, dc, dp, prod, part, B, H,
+                        EB, BU, SPLIT, ACC, CACHE)  # fmt: skip
+
+
+@triton.jit
+def _bwd_h_epilogue(t, WITH_DOT, rb, ru, bok, uok, dy, gates, cs, tcs, dc, dp, prod, part, B, H,
+                    BB: tl.constexpr, BU: tl.constexpr, SPLIT: tl.constexpr, ACC: tl.constexpr,
+                    CACHE: tl.constexpr):  # fmt: skip
+    """dh = dy_t + the product (in prod, this tile's or cuBLAS's, or in its K slices), then step t's gate
+    derivatives: dc += dh so (1 - tc^2); dG_t = [dc tu si', dc c_{t-1} sf', dh tc so', dc si tu'] into
+    dP[..., H:]; the carry dc * sf_t is left in dc (B, H) for step t-1."""
     mask = uok[:, None] & bok[None, :]
     off = rb[None, :] * H + ru[:, None]  # (BU, BB)
-    if WITH_DOT and USE_DOT:
-        acc = tl.zeros((BU, BB), dtype=ACC)
-        acc = _rows_dot(
-            acc, w_mh_t, ru * H, uok, dr + (t + 1) * B * H, rb * H, bok, H, BK, UPCAST, ACC, PREC, CACHE
-        )
-        _through(prod, off, acc, mask)
     dh = tl.load(dy + t * B * H + off, mask=mask, other=0.0).to(ACC)
-    if WITH_DOT:  # d(r_{t+1}) W_mh (B, H) is in prod (this tile's product, or cuBLAS's)
-        dh += tl.load(prod + off, mask=mask, other=0.0).to(ACC)
+    if WITH_DOT:  # d(r_{t+1}) W_mh (B, H) is in prod (this tile's product, or cuBLAS's), or in its slices
+        if SPLIT > 1:
+            dh += _slices(part, off, mask, B, H, BB, BU, SPLIT, ACC, CACHE)
+        else:
+            dh += tl.load(prod + off, mask=mask, other=0.0).to(ACC)
     # each gate's derivative is stored as soon as its operands are in: a (64 units, 128 rows) tile keeps at
     # most four (BU, BB) fp32 tensors live beside the accumulator, not ten (their spill was 1.6 KB at B256)
     g = gates + t * B * 4 * H + rb[None, :] * (4 * H) + ru[:, None]
@@ -352,25 +436,6 @@ def _bwd_m_tile(tile, t, dp, w_m_t, rs, pm, dr, prod, B, H,
 
 
 @triton.jit
-def _bwd_m_part(tile, t, dp, w_m_t, part, B, H,
-                BB: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                UPCAST: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
-    """Split-K: slice s of dm = W_m^T dG_t over k in [s KS, (s + 1) KS) into part[s] (SPLIT, B, H). Tiles of one
-    output tile and its SPLIT slices are adjacent. More tiles, each reading dG once per slice, not per unit
-    tile of the whole K: dG is read H / BU times in all, over 4H / KS times as many programs."""
-    s = tile % SPLIT
-    rb, ru, bok, uok = _tile(tile // SPLIT, B, H, BB, BU)
-    ks = tl.cdiv(tl.cdiv(4 * H, SPLIT), BK) * BK
-    k0 = s * ks
-    klen = tl.minimum(ks, 4 * H - k0)  # the last slices may be short, or empty
-    acc = tl.zeros((BU, BB), dtype=ACC)
-    acc = _rows_dot(acc, w_m_t + k0, ru * 4 * H, uok, dp + t * B * 5 * H + H + k0, rb * 5 * H, bok, klen, BK,
-                    UPCAST, ACC, PREC, CACHE)  # fmt: skip
-    off = s * B * H + rb[None, :] * H + ru[:, None]
-    tl.store(part + off, acc.to(part.dtype.element_ty), mask=uok[:, None] & bok[None, :])
-
-
-@triton.jit
 def _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H,
                BB: tl.constexpr, BU: tl.constexpr, SPLIT: tl.constexpr, ACC: tl.constexpr,
                CACHE: tl.constexpr):  # fmt: skip
@@ -378,9 +443,7 @@ def _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H,
     rb, ru, bok, uok = _tile(tile, B, H, BB, BU)
     mask = uok[:, None] & bok[None, :]
     off = rb[None, :] * H + ru[:, None]
-    acc = tl.zeros((BU, BB), dtype=ACC)
-    for s in tl.static_range(SPLIT):
-        acc += tl.load(part + s * B * H + off, mask=mask, other=0.0, cache_modifier=CACHE).to(ACC)
+    acc = _slices(part, off, mask, B, H, BB, BU, SPLIT, ACC, CACHE)
     _bwd_m_epilogue(acc, t, dp, rs, pm, dr, rb, ru, bok, uok, B, H, ACC)
 
 
@@ -412,22 +475,34 @@ def _poison_bwd(pid, nprog, t0, t1, dp, dr, B, H,
 def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, part, bar, t0, t1, T, B, H,
               PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
               BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,
-              SPLIT: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr,
+              SPLIT: tl.constexpr, BB_HK: tl.constexpr, BU_HK: tl.constexpr, SPLIT_H: tl.constexpr, EB_H: tl.constexpr,
+              BK: tl.constexpr, UPCAST: tl.constexpr, ACC: tl.constexpr,
               PREC: tl.constexpr, CACHE: tl.constexpr, MAX_SPIN: tl.constexpr):  # fmt: skip
     """Steps t1-1 down to t0 of the backward (T: the sequence length; step T-1 has no d(r_{t+1})).
     dc (B, H) must be zero before step T-1. Out: dp (T, B, 5H), dr (T, B, H). SPLIT > 1: phase 2 writes the
-    K slices of dm into part (SPLIT, B, H) fp32 and a third phase (tiles as phase 1's) sums them."""
+    K slices of dm into part (SPLIT, B, H) fp32 and a third phase (tiles as phase 1's) sums them. SPLIT_H > 1:
+    dh's K slices on (BU_HK, BB_HK) tiles into the same part first, summed by phase 1 (which reads them all
+    before phase 2 writes there). EB_H: phase 1's epilogue's batch rows at a time (a divisor of BB_H)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_h = tl.cdiv(B, BB_H) * tl.cdiv(H, BU_H)
     n_m = tl.cdiv(B, BB_M) * tl.cdiv(H, BU_M)
+    n_hk = tl.cdiv(B, BB_HK) * tl.cdiv(H, BU_HK) * SPLIT_H
     epoch = 0
     for i in range(t0, t1):
         t = t1 - 1 - (i - t0)
+        if SPLIT_H > 1:
+            if DH_PART_PHASE & PHASES:  # noqa: SIM102  (constexpr, apart from the run-time test)
+                if t < T - 1:
+                    for tile in range(pid, n_hk, nprog):
+                        _part_tile(tile, w_mh_t, H, dr + (t + 1) * B * H, H, H, part, B, H, BB_HK, BU_HK, BK,
+                                   SPLIT_H, UPCAST, ACC, PREC, CACHE)  # fmt: skip
+            if SYNC:
+                epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if DH_PHASE & PHASES:
             for tile in range(pid, n_h, nprog):
-                _bwd_h_tile(tile, t, t < T - 1, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod_h, B, H,
-                            BB_H, BU_H, BK, USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
+                _bwd_h_tile(tile, t, t < T - 1, dr, w_mh_t, dy, gates, cs, tcs, dc, dp, prod_h, part, B, H,
+                            BB_H, BU_H, EB_H, BK, SPLIT_H, USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if DM_PHASE & PHASES:
@@ -437,9 +512,8 @@ def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, pro
                                 UPCAST, ACC, PREC, CACHE)  # fmt: skip
             else:
                 for tile in range(pid, n_m * SPLIT, nprog):
-                    _bwd_m_part(
-                        tile, t, dp, w_m_t, part, B, H, BB_M, BU_M, BK, SPLIT, UPCAST, ACC, PREC, CACHE
-                    )
+                    _part_tile(tile, w_m_t, 4 * H, dp + t * B * 5 * H + H, 5 * H, 4 * H, part, B, H, BB_M, BU_M,
+                               BK, SPLIT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
         if SPLIT > 1:
