@@ -198,7 +198,7 @@ HEAVY_FILES = {
     "test_multinode.py": 80, "test_checkpoints_warm_start.py": 75, "test_model_gpu_tuning.py": 75,
     "test_training_run_schedule.py": 70, "test_classify.py": 60, "test_model_triton_core.py": 55,
     "test_training_preemption.py": 45, "test_data_prep_hostile.py": 45, "test_training_carry_state.py": 40,
-    "test_slurm.py": 35,
+    "test_slurm.py": 35, "test_model_gpu_health.py": 80, "test_model_first_call.py": 30,
 }  # fmt: skip
 
 
