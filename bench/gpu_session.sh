@@ -2,6 +2,10 @@
 # One command for a GPU machine, from a bare one (torch, triton and nvcc there; no network):
 #   bench/gpu_session.sh OUTDIR            run the session, planned for at most 11 minutes (SESSION_BUDGET_S=660)
 #   bench/gpu_session.sh OUTDIR --dry-run  print the plan (commands, time limits), check the wheels, run nothing
+# Where one command may run 10 minutes at most (the device tool), as two calls on the same machine, back to back
+# (WORK's caches kept between them; each call's OUTDIR brought back):
+#   SESSION_STEPS=install,warm,layer,tuner bash bench/gpu_session.sh OUTDIR       345 s of limits
+#   SESSION_STEPS=install,train,overlap,memory bash bench/gpu_session.sh OUTDIR   315 s (install: a no-op there)
 # Steps, each under its own time limit, in this order (a step that would start past SESSION_BUDGET_S is skipped
 # and said so; later steps never wait on an earlier one's failure). Nothing compiles beside a timed benchmark:
 # `warm` compiles and ranks every shape the timed steps meet first, the data is prepared during it, and no

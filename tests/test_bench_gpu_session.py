@@ -43,6 +43,10 @@ def test_the_dry_run_plans_every_step_within_eleven_minutes(tmp_path):
     assert set(limits) == set(DEFAULT) and sum(limits.values()) <= 11 * 60, (
         limits
     )  # the session's device time
+    for call in (["install", "warm", "layer", "tuner"], ["install", "train", "overlap", "memory"]):
+        assert sum(limits[s] for s in call) <= 10 * 60 - 30, (
+            call
+        )  # the device tool's limit a command: two calls
     assert all("not in SESSION_STEPS" in rows[s] for s in OPT_IN)
     assert "commit abc1234" in p.stdout and "budget 660s; tilings offered: MLSTM_GPU_TILES=both" in p.stdout
     assert (tmp_path / "out" / "summary.md").read_text() == p.stdout

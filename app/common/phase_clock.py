@@ -118,3 +118,10 @@ CLOCK = PhaseClock()
 
 def mark(name: str) -> None:
     CLOCK.mark(name)
+
+
+def first(name: str) -> bool:
+    """Mark `name` now; whether this was its first mark."""
+    new = name not in CLOCK.marks
+    CLOCK.mark(name)
+    return new

@@ -103,8 +103,6 @@ class Engine:
             self.dp_rank = dist.get_rank()
             self.needs_inputs = self.needs_targets = True
         self.device = self.ds.device
-        if not inference:
-            self._first_forward = self.ds.module.register_forward_hook(self._mark_first_forward)
 
     def _mark_first_forward(self, module, args, out) -> None:
         """The first forward's end on the phase clock (a GPU waited for, once), then the hook goes."""
@@ -132,7 +130,8 @@ class Engine:
         the loss is read (the host waits for the step there anyway) the GPU core's health flags are read: a loop
         whose grid barrier gave up left NaN in this step (DeepSpeed's optimizers skip a non-finite update, and
         the trainer counts the step as skipped) and leaves its shape's ranking, in one warning line."""
-        phase_clock.mark("data ready")  # (the first step's; later marks are ignored)
+        if phase_clock.first("data ready"):  # the first step's batches: its forward is the next one
+            self._first_forward = self.ds.module.register_forward_hook(self._mark_first_forward)
         loss = self._train_step(batches, global_tokens, nan)
         if gpu_health.active():
             gpu_health.check()
