@@ -17,6 +17,7 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: impo
 
 import json
 
+from app.common import phase_clock
 from app.common.errors import exit_on_user_error
 from app.parallel.runtime import exit_on_lost_peer
 from app.training.args import parse_args
@@ -27,6 +28,7 @@ from app.training.trainer import Trainer
 @exit_on_lost_peer
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
+    phase_clock.mark("imports")  # the first step's line says where the time to it went
     args = parse_args(argv, __doc__)
     cfg = claim_run_folder(args.cfg)  # before any work: --out holds no input, is ours (or a subfolder of it)
     trainer = Trainer(cfg, args.deepspeed, args.model_overrides)

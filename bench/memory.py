@@ -317,7 +317,7 @@ def train(spec: dict):
     tiny = {**spec, "hidden": 8, "embed": 8, "vocab": 16, "rows": 1, "length": 4}
     _, _, small, build_small = _engine(tiny, {**ds, "train_micro_batch_size_per_gpu": 1}, inference=False)
     return (
-        process_bytes(model_cfg, layout, tokens),
+        process_bytes(model_cfg, layout, tokens, _device(spec)),
         lambda: build_small().train_step([small], 4),
         lambda: build().train_step([batch], tokens),
     )
@@ -339,7 +339,7 @@ def engine(spec: dict):
         [], np.full(spec["rows"], spec["length"]), np.array([spec["rows"]]), [spec["length"]], empty
     )
     cfg = EvalConfig(checkpoint="-", data="-", micro_batch=spec["rows"])
-    need, _, _ = engine_part(cfg, model_cfg, inputs, 1)
+    need, _, _ = engine_part(cfg, model_cfg, inputs, 1, _device(spec))
     tiny = {**spec, "hidden": 8, "embed": 8, "vocab": 16, "rows": 1, "length": 4}
     _, _, small, build_small = _engine(tiny, inference_layout(1, 1, 1)[1], inference=True)
     return need, lambda: build_small().eval_step([small], 1), lambda: build().eval_step([batch], 1)
@@ -485,6 +485,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated works (default: all)")
     ap.add_argument("--quick", action="store_true", help="the first size of each work only")
     ap.add_argument("--core", default="auto", help="model.core of every model (auto: the fused CPU op)")
+    ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/ (results.py)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help=f"cuda: what the app runs on a GPU ({', '.join(CUDA_WORKS)}), there")  # fmt: skip
     args = ap.parse_args()
@@ -513,8 +514,14 @@ def main() -> int:
             print(_row_line(rows[-1]), flush=True)
     print(table(rows))
     within = bool(rows) and not failed and all(1.0 <= r["ratio"] <= 2.0 for r in rows)
-    print(json.dumps({"machine": _machine(args.device), "device": args.device, "rows": rows, "failed": failed,
-                      "within_1x_2x": within}))  # fmt: skip
+    line = {"bench": "memory", "machine": _machine(args.device), "device": args.device, "rows": rows,
+            "failed": failed, "within_1x_2x": within, "core": args.core}  # fmt: skip
+    print(json.dumps(line))
+    if args.save:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from results import save
+
+        print("saved to", save(line, "memory", args.device if args.device == "cpu" else line["machine"]))
     return 0
 
 

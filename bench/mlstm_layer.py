@@ -86,6 +86,9 @@ KINDS = [
     "loop_step_bf16",
     "loop_cublas_bf16",
     "loop_persistent_bf16",
+    # the same with the old host wait after every persistent launch (MLSTM_BARRIER_HOST_WAIT=1): its A/B
+    "auto_wait_bf16",
+    "loop_persistent_wait_bf16",
     "fused_carried_bf16",
     "python_carried_bf16",
 ]
@@ -152,11 +155,27 @@ class SavedBytes:
         return sum(self.storages.values()) / 2**20
 
 
+@contextlib.contextmanager
+def host_wait(on: bool):
+    """MLSTM_BARRIER_HOST_WAIT as `on` asks, for the steps within (app/model/gpu_health.host_wait)."""
+    before = os.environ.get("MLSTM_BARRIER_HOST_WAIT")
+    os.environ["MLSTM_BARRIER_HOST_WAIT"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLSTM_BARRIER_HOST_WAIT")
+        else:
+            os.environ["MLSTM_BARRIER_HOST_WAIT"] = before
+
+
 def make_step(kind: str, B: int, T: int, H: int) -> tuple[Callable[[], None], Callable[[], float]]:
     torch.manual_seed(0)
     x = torch.randn(B, T, H, device=DEVICE, requires_grad=True)
     gy = torch.randn(B, T, H, device=DEVICE)
     bf16 = kind.endswith("bf16")
+    wait = "_wait" in kind  # the old per-launch host wait, for this contender's steps only
+    kind = kind.replace("_wait", "")
     forced: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     if kind.startswith("loop_"):
         from app.model.gpu_tuning import forcing
@@ -185,9 +204,10 @@ def make_step(kind: str, B: int, T: int, H: int) -> tuple[Callable[[], None], Ca
         fwd = lambda: naive_mlstm(x, *ws)  # noqa: E731
 
     def step() -> None:
-        with forced(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
-            y = fwd()
-        y.backward(gy.to(y.dtype))
+        with host_wait(wait):
+            with forced(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
+                y = fwd()
+            y.backward(gy.to(y.dtype))
 
     def act_mb() -> float:
         saved = SavedBytes()
@@ -321,6 +341,11 @@ def cuda_ratios(tok_s: dict, gflops: dict, B: int, T: int, H: int) -> dict:
         "auto_vs_torch_lstm_per_flop_bf16": ratio(gflops.get("auto_bf16"), gflops.get("torch_lstm_bf16")),
         "carried_vs_python_bf16": ratio(tok_s.get("fused_carried_bf16"), tok_s.get("python_carried_bf16")),
         "loops_bf16_tokens_per_s": {k: tok_s.get(f"loop_{k}_bf16") for k in gpu_tuning.LOOPS},
+        # the persistent launch's old host wait, on against off (off: the default), tokens/s
+        "host_wait_ab_bf16": {
+            k: {"off": tok_s.get(f"{k}_bf16"), "on": tok_s.get(f"{k.replace('_bf16', '')}_wait_bf16")}
+            for k in ("auto", "loop_persistent")
+        },
         "chosen": chosen,
     }
 

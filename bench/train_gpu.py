@@ -1,6 +1,7 @@
 """Training throughput on ONE GPU, through the real entry point. JSON line last.
 
     python bench/train_gpu.py [--runs small,medium,large_b128,large_b256] [--steps 40] [--save]
+        [--phase-split large_b128,large_b256 [--profile]]
         [--data-spm DIR --data-byte DIR]   # prepared data to reuse
     python bench/train.py --device cuda ...   # the same (bench/train.py hands over to this script)
 
@@ -15,9 +16,13 @@ chose and their times), the optimizer and the peak. `first_step_s`: launch to th
 (start-up, compilation and tuning included); `slowest_step_vs_median`: the slowest step after the first over
 the median (what a bucket length first met mid-run costs).
 `chosen`: the loops the tuner chose for each shape the run met (its log's "mLSTM core on ..." lines).
-`--phase-split RUN`: one training step of RUN's model and micro-batch split into its phases in this process
-(embedding and recurrent layers, head and loss, backward, AdamW), timed with CUDA events, bf16 autocast as the
-bf16 configs train: where a step's time goes (`phase_split`).
+`first_step_phases`: the run log's first-step line (app/common/phase_clock.py), launch (this script's Popen)
+-> imports -> plan -> DeepSpeed initialised -> data ready -> first forward -> first step, seconds each.
+`--phase-split RUN[,RUN]`: one training step of each RUN's model and micro-batch split into its phases in this
+process, as a plain loop (bf16 autocast, torch's fused AdamW) and under the app's DeepSpeed engine (ZeRO-2 bf16,
+as the runs train) side by side, with DeepSpeed's extra ms per phase, its own timers and (`--profile`) the
+step's costliest kernels: where a step's time goes, and DeepSpeed's on top (bench/step_phases.py; `phase_split`).
+`--device cpu --phase-split debug --runs ""`: the same at a tiny size on the CPU (its test).
 `--save` appends the JSON line to bench/results/train_gpu-<device>-<date>.json (with the git commit).
 A run that fails is reported with the last lines of its log, never a crash of the benchmark.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -48,6 +54,7 @@ RUNS = {  # name: (preset, tokenizer, micro-batch)
     "large_b128": ("large", "byte", 128),
     "large_b256": ("large", "byte", 256),
 }
+SPLITS = {**RUNS, "debug": ("debug", "byte", 4)}  # --phase-split's: a run's model and batch, or a tiny one
 
 
 def prep(out: Path, tokenizer: str, seq_len: int) -> None:
@@ -75,6 +82,15 @@ def _first_step_s(proc: subprocess.Popen, metrics: Path, t0: float, timeout_s: f
     return None
 
 
+def _first_step_phases(log: str) -> dict | None:
+    """The run log's first-step line (app/common/phase_clock.py): launch -> imports -> plan -> DeepSpeed
+    initialised -> data ready -> first forward -> first step, seconds each."""
+    sys.path.insert(0, str(ROOT))
+    from app.common.phase_clock import parse
+
+    return parse(log)
+
+
 def train(name: str, data: Path, out: Path, steps: int, skip: int, timeout_s: float) -> dict:
     preset, _, batch = RUNS[name]
     cmd = [
@@ -87,8 +103,9 @@ def train(name: str, data: Path, out: Path, steps: int, skip: int, timeout_s: fl
     ]  # fmt: skip
     t0 = time.perf_counter()
     log_path = out.parent / f"{name}.log"
+    env = {**os.environ, "MLSTM_LAUNCH_T0": repr(time.time())}  # the run's first-step line counts from here
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env)
         first = _first_step_s(proc, out / "metrics.jsonl", t0, timeout_s)
         try:
             rc = proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
@@ -115,52 +132,27 @@ def train(name: str, data: Path, out: Path, steps: int, skip: int, timeout_s: fl
         "tokens_per_s": med, "mfu": statistics.median(mfu) if mfu else None,
         # a new bucket length, first met mid-run, costs what: the slowest step after the first against the median
         "slowest_step_vs_median": min(tps_all[1:]) / med if med and len(tps_all) > 1 else None,
-        "first_step_s": first, "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
+        "first_step_s": first, "first_step_phases": _first_step_phases(log),
+        "seconds": time.perf_counter() - t0, "notes": sorted(set(notes)),
     }  # fmt: skip
 
 
-def phase_split(name: str, seq_len: int, reps: int = 5) -> dict:
-    """One training step of RUN's model at its micro-batch, phase by phase (CUDA events, no sync between them):
-    forward through the recurrent layers, head and loss, backward, the optimizer; median ms over `reps` steps."""
-    import torch
+def phase_split(names: list[str], seq_len: int, device: str, profile: bool) -> dict:
+    """Each RUN's training step at its model and micro-batch split into phases, in this process, as a plain
+    loop and under the DeepSpeed engine side by side (bench/step_phases.py), so DeepSpeed's extra time per
+    step is named by phase. A split that fails is reported, never a crash of the benchmark."""
+    import step_phases  # bench/step_phases.py
 
-    from app.model.config import PRESETS, ModelConfig
-    from app.model.lm import LanguageModel
-    from app.model.loss import token_loss
-
-    preset, tok, batch = RUNS[name]
-    vocab = 259 if tok == "byte" else 4096
-    model = LanguageModel(ModelConfig(vocab_size=vocab, **PRESETS[preset])).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    ids = torch.randint(0, vocab, (batch, seq_len), device="cuda", generator=g)
-    labels = (torch.randint(0, vocab, (batch, seq_len), device="cuda", generator=g),
-              torch.ones(1, device="cuda") / (batch * seq_len))  # fmt: skip
-    names = ("layers", "head_loss", "backward", "optimizer")
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for step in range(3 + reps):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
-        ev[0].record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            h = model.embedding(ids)
-            for layer in model.recurrent:
-                h = layer(h)
-            ev[1].record()
-            loss = token_loss(model.head(h), labels)
-        ev[2].record()
-        loss.backward()
-        ev[3].record()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ev[4].record()
-        ev[4].synchronize()
-        if step >= 3:
-            for i, n in enumerate(names):
-                times[n].append(ev[i].elapsed_time(ev[i + 1]))
-    ms = {n: round(statistics.median(v), 3) for n, v in times.items()}
-    total = sum(ms.values())
-    return {"run": name, "micro_batch": batch, "seq_len": seq_len, "ms": ms,
-            "share": {n: round(v / total, 3) for n, v in ms.items()}, "step_ms": round(total, 3)}  # fmt: skip
+    out = {}
+    for name in names:
+        preset, tok, batch = SPLITS[name]
+        try:
+            out[name] = step_phases.split(preset, 259 if tok == "byte" else 4096, batch, seq_len, device,
+                                          profile=profile)  # fmt: skip
+        except Exception as e:
+            out[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        print("phase split", name, json.dumps(out[name])[:600], flush=True)
+    return out
 
 
 def main() -> None:
@@ -173,14 +165,22 @@ def main() -> None:
     ap.add_argument("--data-byte", type=Path, help="prepared byte-level data to reuse (else prepared here)")
     ap.add_argument("--timeout-s", type=float, default=300, help="a run still going after this is stopped")
     ap.add_argument("--keep", type=Path, help="run here (logs, metrics) instead of a temporary folder")
-    ap.add_argument("--phase-split", default="", metavar="RUN", help="time one step of RUN phase by phase")
+    ap.add_argument(
+        "--phase-split",
+        default="",
+        metavar="RUN[,RUN]",
+        help="time one step of each RUN phase by phase, plain and under DeepSpeed: " + ",".join(SPLITS),
+    )
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where --phase-split runs")
+    ap.add_argument("--profile", action="store_true", help="--phase-split: the DeepSpeed step's top kernels")
     ap.add_argument("--save", action="store_true", help="append the JSON line to bench/results/")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     args = ap.parse_args()
-    runs = args.runs.split(",")
-    unknown = [r for r in runs if r not in RUNS]
+    runs = [r for r in args.runs.split(",") if r]
+    splits = [r for r in args.phase_split.split(",") if r]
+    unknown = [r for r in runs if r not in RUNS] + [r for r in splits if r not in SPLITS]
     if unknown:
-        sys.exit(f"error: --runs: unknown {unknown}; choose from {list(RUNS)}")
+        sys.exit(f"error: --runs / --phase-split: unknown {unknown}; choose from {list(SPLITS)}")
     if args.dry_run:
         print(json.dumps({"runs": {r: RUNS[r] for r in runs}, "steps": args.steps, "skip": args.skip}))
         return
@@ -188,6 +188,8 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result: dict = {"bench": "train_gpu", "torch": torch.__version__, "steps": args.steps, "runs": {}}
+    if args.device == "cuda" and splits and not torch.cuda.is_available():
+        sys.exit("error: --phase-split on cuda: torch sees no CUDA device here (--device cpu)")
     with (
         tempfile.TemporaryDirectory() if args.keep is None else contextlib.nullcontext(str(args.keep)) as tmp
     ):
@@ -203,12 +205,8 @@ def main() -> None:
             print(name, json.dumps(r)[:400], flush=True)
             if RUNS[name][1] == "byte" and r.get("tokens_per_s"):
                 r["bytes_per_s"] = r["tokens_per_s"]  # one token per byte
-    if args.phase_split:
-        try:
-            result["phase_split"] = phase_split(args.phase_split, args.seq_len)
-        except Exception as e:  # a failed split is reported, never a crash of the benchmark
-            result["phase_split"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        print("phase split", result["phase_split"], flush=True)
+    if splits:
+        result["phase_split"] = phase_split(splits, args.seq_len, args.device, args.profile)
     print(json.dumps(result))
     if args.save:
         print("saved to", save(result, "train_gpu", device))

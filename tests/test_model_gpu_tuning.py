@@ -84,13 +84,33 @@ def faults(tmp_path_factory) -> dict:
 @pytest.mark.parametrize(
     "case, failed", [("barrier_timeout_fwd", "forward"), ("barrier_timeout_bwd", "backward")]
 )
-def test_a_barrier_that_times_out_is_redone_by_the_next_loop(faults, case, failed):
-    """The persistent loop's forward (or backward) launch, after its check passed, finds its barrier flag set:
-    the op redoes that direction with the next loop (checked first), says so once, and the user gets the right
-    outputs and gradients."""
+def test_a_barrier_that_gives_up_poisons_its_outputs_and_its_flag_drops_the_loop(faults, case, failed):
+    """The persistent loop's forward (or backward) launch finds its barrier flag set and nothing waits for it:
+    that direction's outputs are NaN (the forward's: y and every gradient; the backward's: every gradient, y
+    right), nothing is said at the launch; the flags read afterwards (where the host waits anyway) drop the
+    loop in one line naming it, and the next run, on the cublas loop, is right."""
+    r = faults[case]
+    nan = [e != e for e in r["each"]]
+    assert nan == ([True] * 6 if failed == "forward" else [False] + [True] * 5), r["each"]
+    assert not r["warnings"], r["warnings"]
+    assert len(r["health"]) == 1 and f"GPU {failed} loop persistent at B5 H20 on cpu" in r["health"][0], r
+    assert (
+        "grid barrier gave up" in r["health"][0] and "the cublas loop runs it from now on" in r["health"][0]
+    )
+    assert (r["fwd" if failed == "forward" else "bwd"])[0] == "cublas", r  # the failed loop left the ranking
+    assert isinstance(r["again"], float) and r["again"] < 1e-12, r
+
+
+@pytest.mark.parametrize(
+    "case, failed", [("wait_barrier_timeout_fwd", "forward"), ("wait_barrier_timeout_bwd", "backward")]
+)
+def test_with_the_old_host_wait_a_barrier_that_times_out_is_redone_at_once(faults, case, failed):
+    """MLSTM_BARRIER_HOST_WAIT=1 (the A/B switch): the flag is read after the launch, the op redoes that
+    direction with the next loop (checked first), says so once, and the user gets the right outputs and
+    gradients."""
     r = faults[case]
     assert isinstance(r["errors"], float) and r["errors"] < 1e-12, r
-    assert len(r["warnings"]) == 1, r["warnings"]
+    assert len(r["warnings"]) == 1 and not r["health"], r
     assert f"GPU {failed} loop persistent failed" in r["warnings"][0], r["warnings"]
     assert (
         "grid barrier timed out" in r["warnings"][0] and "redoing it with the cublas loop" in r["warnings"][0]

@@ -263,21 +263,34 @@ def test_cuda_graph_arenas_are_capped(forced_loop):
 
 
 @pytest.mark.gpu
-def test_cuda_a_barrier_that_times_out_is_caught_not_handed_on(monkeypatch):
+def test_cuda_a_barrier_that_times_out_poisons_every_output_and_never_waits(monkeypatch):
     """A grid 64x the SMs launched without the cooperative guarantee: its programs cannot all be resident, the
-    grid barrier gives up after MAX_SPIN polls, and the launch raises BarrierTimeout instead of handing on its
-    outputs; launched cooperatively, the same grid is refused at launch."""
+    grid barrier gives up after MAX_SPIN polls, and the launch returns without waiting: every output element
+    is NaN (each program poisoned the tiles it owns) and the barrier word's flag is set. Under the old host wait
+    (MLSTM_BARRIER_HOST_WAIT=1) the same launch raises BarrierTimeout; launched cooperatively, the grid is
+    refused at launch."""
     from app.model import gpu_loops, gpu_tuning, gpu_verify
     from app.model.gpu_loops import BarrierTimeout, PersistentLoop
 
     monkeypatch.setattr(gpu_loops, "MAX_SPIN", 1 << 10)
-    loops = gpu_tuning.candidates(16, 256, torch.bfloat16, torch.device("cuda"))
+    dev = torch.device("cuda")
+    loops = gpu_tuning.candidates(16, 256, torch.bfloat16, dev)
     persistent = next(c for c in loops if c.name == "persistent")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     too_many = PersistentLoop(persistent.tiles, programs=64 * sms)
-    bufs = gpu_verify.forward_case(16, 64, 256, torch.bfloat16, torch.device("cuda"), seed=0)
-    bufs.update(too_many.scratch(16, 256, torch.bfloat16, torch.device("cuda")))
+    bufs = gpu_verify.forward_case(16, 64, 256, torch.bfloat16, dev, seed=0)
+    bufs.update(too_many.scratch(16, 256, torch.bfloat16, dev))
+    for n in gpu_loops.FWD_OUT:
+        (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(7.0)
     too_many.cooperative = False
+    bar = torch.zeros(2, dtype=torch.int32, device=dev)
+    too_many.forward({**bufs, "bar": bar}, 16, 8, 256)
+    torch.cuda.synchronize()
+    assert int(bar[1]) == 1
+    for n in gpu_loops.FWD_OUT:
+        out = (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n])[:8]
+        assert out.isnan().all(), (n, out.isnan().float().mean().item())
+    monkeypatch.setenv("MLSTM_BARRIER_HOST_WAIT", "1")
     with pytest.raises(BarrierTimeout, match="grid barrier timed out"):
         too_many.forward(bufs, 16, 8, 256)
     too_many.cooperative = True
@@ -286,14 +299,19 @@ def test_cuda_a_barrier_that_times_out_is_caught_not_handed_on(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_cuda_a_failed_barrier_falls_back_and_the_result_is_right(monkeypatch, caplog, forced_loop):
-    """The persistent loop's first forward and first backward each report a timed-out barrier (injected): the
-    op redoes each with the next loop, says so in one line each, and its outputs and gradients are right."""
+@pytest.mark.parametrize("wait", [False, True])
+def test_cuda_a_failed_barrier_is_found_and_the_next_run_is_right(monkeypatch, caplog, forced_loop, wait):
+    """The persistent loop's first forward and first backward each find their barrier's flag set (injected).
+    Without the host wait the op's outputs and gradients are NaN, and the flags read afterwards drop the loop
+    in one line per direction; the next run is right. With it (MLSTM_BARRIER_HOST_WAIT=1) each direction is
+    redone at once with the next loop, in one line each, and the first run is right."""
     from app.common import faults
+    from app.model import gpu_health
     from app.model.mlstm_core import MLSTMFunction
     from app.model.triton_core import TritonMLSTMFunction
 
     forced_loop("persistent")
+    monkeypatch.setenv("MLSTM_BARRIER_HOST_WAIT", "1" if wait else "0")
     monkeypatch.setitem(faults._FAULTS, "barrier_timeout", {1, 2})
     monkeypatch.setattr(faults, "_seen", {})
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -306,13 +324,17 @@ def test_cuda_a_failed_barrier_falls_back_and_the_result_is_right(monkeypatch, c
             got = _grads(TritonMLSTMFunction, x, ws, dy, torch.float32)
     finally:
         logger.removeHandler(caplog.handler)
+    redone = [r.getMessage() for r in caplog.records if "redoing it with the" in r.getMessage()]
+    lines = gpu_health.check()
     want = _grads(MLSTMFunction, x, ws, dy, torch.float32)
+    if not wait:
+        assert all(g.isnan().any() for g in got[1:]) and not redone, redone
+        assert len(lines) == 2 and all("grid barrier gave up" in ln for ln in lines), lines
+        got = _grads(TritonMLSTMFunction, x, ws, dy, torch.float32)
+    else:
+        assert lines == [] and len(redone) == 2, redone
     for a, b in zip(got, want):
         assert (a - b).abs().max() <= 1e-4 * b.abs().max()
-    lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
-    assert len(lines) == 2 and all(
-        "grid barrier timed out" in ln and "redoing it with the" in ln for ln in lines
-    )
 
 
 @pytest.mark.gpu

@@ -161,7 +161,7 @@ def test_samples_or_a_device_that_cannot_hold_the_run_are_refused(prepared_dir, 
     )
     assert str(e.value).endswith("lower --samples or --sample-tokens (--samples 0: none)")
     p, _, _ = plan(prepared_dir, "--samples", "0", "--micro-batch", "3000", "model.hidden_dim=512", world=2)
-    free = {"cpu": 64 * GIB, "cuda:0": GIB // 4}
+    free = {"cpu": 256 * GIB, "cuda:0": GIB // 4}  # (the device's part counts the GPU core's first call too)
     monkeypatch.setattr(bounds.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bounds, "available_memory", free.get)
     with pytest.raises(UserError) as e:

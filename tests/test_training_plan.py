@@ -141,3 +141,27 @@ def test_the_resolve_step_caps_in_one_place_and_freezes_what_it_makes(prepared_d
         p.cfg.eval_every = 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.cfg = args.cfg
+
+
+def test_a_json_under_which_deepspeed_would_apply_a_nan_step_is_one_line(prepared_dir, tmp_path):
+    """bf16 with `check_grad_overflow: false`: DeepSpeed's ZeRO optimizer would apply a step whose gradients
+    are NaN (a GPU loop whose barrier gave up leaves NaN in its step: app/model/gpu_health.py), so start-up
+    refuses it in one line naming the setting (tests/test_parallel_precision.py runs the engine on it)."""
+    cfg = json.loads((ROOT / "ds_configs" / "gpu_bf16_zero2.json").read_text())
+    cfg["bf16"]["check_grad_overflow"] = False
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    argv = [
+        "--deepspeed_config",
+        str(tmp_path / "c.json"),
+        "--data",
+        str(prepared_dir),
+        "--pipeline-stages",
+        "1",
+    ]
+    with pytest.raises(
+        UserError, match=r"bf16\.check_grad_overflow is false: DeepSpeed's ZeRO optimizer then"
+    ):
+        plan(argv, world=1)
+    cfg["bf16"].pop("check_grad_overflow")
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert plan(argv, world=1).layout.precision == "bf16"

@@ -14,8 +14,10 @@ the right answer through a fallback with one warning line.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import os
 import sys
 
 import torch
@@ -289,15 +291,16 @@ def faults() -> dict:
     import os
 
     from app.common import faults as injected
-    from app.model import gpu_choice_cache, gpu_ranking, gpu_tuning, gpu_verify
+    from app.model import gpu_choice_cache, gpu_health, gpu_ranking, gpu_tuning, gpu_verify
 
     records: list[str] = []
     _keep_log("app.model.gpu_tuning", logging.WARNING, records)
     gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 2, 1, 0, 3
     out: dict = {}
 
-    def case(name: str, loop: str, fault: dict | None = None, before=None) -> None:
+    def case(name: str, loop: str, fault: dict | None = None, before=None, wait: bool = False) -> None:
         os.environ["MLSTM_GPU_LOOP"] = loop
+        os.environ["MLSTM_BARRIER_HOST_WAIT"] = "1" if wait else "0"
         gpu_tuning._choices.clear()
         injected._FAULTS.clear()
         injected._FAULTS.update(fault or {})
@@ -305,16 +308,22 @@ def faults() -> dict:
         if before:
             before()
         del records[:]
-        errs = _op_vs_reference(5, 3, 5, 20)
+        errs = _op_vs_reference(5, 3, 5, 20, each=True)
+        health = gpu_health.check() if gpu_health.active() else []  # where the host already waits
         choice = next(iter(gpu_tuning._choices.values()))
-        out[name] = {"errors": errs, "warnings": list(records), "fwd": [lp.label for lp in choice.fwd_order],
+        out[name] = {"errors": errs if isinstance(errs, str) else _worst(errs), "each": errs,
+                     "warnings": list(records), "health": health, "fwd": [lp.label for lp in choice.fwd_order],
                      "bwd": [lp.label for lp in choice.bwd_order or []], "times": choice.times,
-                     "checked": sorted(map(list, choice.checked))}  # fmt: skip
+                     "checked": sorted(map(list, choice.checked)), "again": _op_vs_reference(5, 3, 5, 20)}  # fmt: skip
 
     # a forced loop is checked before its first run each way (a persistent launch each): launch 2 is the
-    # forward's run after its check, launch 4 the backward's
+    # forward's run after its check, launch 4 the backward's. No host wait (the default): the poisoned
+    # direction's outputs are NaN, the flag read afterwards drops the loop in one line, and the next run is
+    # right; with the old wait the work is redone at once
     case("barrier_timeout_fwd", "persistent", {"barrier_timeout": {2}})
     case("barrier_timeout_bwd", "persistent", {"barrier_timeout": {4}})
+    case("wait_barrier_timeout_fwd", "persistent", {"barrier_timeout": {2}}, wait=True)
+    case("wait_barrier_timeout_bwd", "persistent", {"barrier_timeout": {4}}, wait=True)
     case("launch_error", "step", {"gpu_launch_error": {1}})
     case("every_loop_fails", "step", {"gpu_launch_error": set(range(1, 20))})
     cache = os.environ["MLSTM_CACHE_DIR"]
@@ -350,6 +359,142 @@ def faults() -> dict:
     return out
 
 
+def poison() -> dict:
+    """The persistent loops' poison path, in the interpreter: each launch (forward, backward, the split
+    backward) finds its barrier word's `failed` already set, as after a barrier that gave up, so every barrier
+    returns at once and the kernel runs whole, its programs one after another (the interpreter's order, as on
+    a GPU whose programs were not all resident). Every output starts finite (7.0); after the launch every
+    element of every output is NaN (each program poisoned the tiles it owns, at every step) and the flag is
+    still set. -> per loop and direction, the outputs' NaN fractions, the inputs' (row 0 of hs and cs: none),
+    the programs and the tiles each phase has."""
+    from app.model import gpu_loops, gpu_tuning, gpu_verify
+
+    B, T, H = 17, 3, 20  # 2 x 2 tiles of rows x units, 2 x 5 gate tiles, a 3-way split: 3 programs each loop
+    dev, dt = torch.device("cpu"), torch.float32
+    out: dict = {}
+    for loop in [lp for lp in gpu_tuning.candidates(B, H, dt, dev) if lp.barrier]:
+        f = gpu_verify.forward_case(B, T, H, dt, dev, seed=1)
+        b = gpu_verify.backward_case(f, gpu_verify.reference_forward(f), seed=1)
+        for fwd, bufs, outs in ((True, f, gpu_loops.FWD_OUT), (False, b, gpu_loops.BWD_OUT)):
+            if ("fwd" if fwd else "bwd") not in loop.directions:
+                continue
+            for n in outs:
+                (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).fill_(7.0)
+            bar = torch.tensor([0, 1], dtype=torch.int32)
+            gpu_loops.run(loop, fwd, {**bufs, "bar": bar}, B, T, H)
+            t = loop.tiles
+            out[f"{loop.label}/{'fwd' if fwd else 'bwd'}"] = {
+                "nan": {n: (bufs[n][1:] if n in gpu_loops.TIME_PLUS_ONE else bufs[n]).isnan().float().mean().item()
+                        for n in outs},
+                "inputs_nan": [bufs[n][0].isnan().any().item() for n in ("hs", "cs") if fwd],
+                "flag": bar.tolist(), "programs": loop.n_programs,
+                "tiles": [t.n_r(B, H), t.n_g(B, H)] if fwd else [t.n_h(B, H), t.n_m(B, H)],
+            }  # fmt: skip
+    return out
+
+
+def overlap() -> dict:
+    """The backward with its weight-gradient products overlapped (MLSTM_WGRAD_OVERLAP=3: T = 7 in pieces of 3,
+    2 and 2 steps, the dc carry and d(r) crossing their edges), each loop forced, in float64: y and every
+    gradient against the float64 reference, and against the same loop without the overlap; and 7 pieces of
+    one step each, and more pieces than steps."""
+    import os
+
+    from app.model import gpu_tuning
+
+    out: dict = {}
+    B, T, D, H = 5, 7, 6, 20
+    x = torch.randn(B, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(31))
+    ws = _weights(D, H, seed=33)
+    dy = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(35))
+    ref = _run_reference(x, ws, dy)
+    from app.model.triton_core import TritonMLSTMFunction
+
+    for loop in gpu_tuning.LABELS:
+        os.environ["MLSTM_GPU_LOOP"] = loop
+        runs = {}
+        for n in ("0", "3", "7", "50"):
+            os.environ["MLSTM_WGRAD_OVERLAP"] = n
+            gpu_tuning._choices.clear()
+            runs[n] = _run_core(TritonMLSTMFunction, x, ws, torch.float64, dy)
+        out[loop] = {n: {"vs_reference": _errors(got, ref), "vs_plain": _errors(got, runs["0"])}
+                     for n, got in runs.items()}  # fmt: skip
+    os.environ["MLSTM_WGRAD_OVERLAP"] = "0"
+    return out
+
+
+class _LiveBytes:
+    """Peak bytes of the tensors alive while it is entered, counted at the dispatcher (what a device's caching
+    allocator hands out, here on the CPU): each operator's outputs' storages, freed when their last tensor
+    goes. Tensors made before it count nothing."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
+                        outer._hold(t, weakref)
+                return out
+
+        self.mode, self.refs, self.sizes, self.now, self.peak = Mode(), {}, {}, 0, 0
+
+    def _hold(self, t: torch.Tensor, weakref) -> None:
+        key = t.untyped_storage().data_ptr()
+        if key not in self.refs:
+            self.refs[key], self.sizes[key] = 0, t.untyped_storage().nbytes()
+            self.now += self.sizes[key]
+            self.peak = max(self.peak, self.now)
+        self.refs[key] += 1
+        weakref.finalize(t, self._drop, key)
+
+    def _drop(self, key: int) -> None:
+        self.refs[key] -= 1
+        if not self.refs[key]:
+            self.now -= self.sizes.pop(key)
+            del self.refs[key]
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def tuner_memory() -> dict:
+    """The tuner's peak bytes at a new shape (every candidate checked against float64, then timed as the whole op
+    and alone, forward and backward or forward alone; T_TUNE 12, T_CHECK 3, in the interpreter: no CUDA graphs),
+    counted at the dispatcher, beside app/model/first_call.tuner_bytes's count of the same (graphs off, no timing
+    against the reference core)."""
+    from app.model import first_call, gpu_loops, gpu_ranking, gpu_tuning, gpu_verify
+    from app.model.triton_core import run_op
+
+    gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 12, 1, 0, 3
+    os.environ["MLSTM_GPU_LOOP"] = ""
+    out: dict = {}
+    D = 8
+    for B, H, dtype in ((32, 24, torch.float32), (16, 40, torch.float64)):
+        for backward in (False, True):
+            gc.collect()
+            with _LiveBytes() as live:
+                gpu_tuning._tune(B, D, H, dtype, torch.device("cpu"), backward, run_op)
+                gpu_loops.clear_graphs()
+            s = torch.finfo(dtype).bits // 8
+            want = first_call.tuner_bytes(
+                B, H, D, s, backward, False, gpu_ranking.T_TUNE, gpu_verify.T_CHECK, op=False
+            )
+            key = f"B{B} H{H} {str(dtype)[6:]} {'fwd+bwd' if backward else 'fwd'}"
+            out[key] = {"peak": live.peak, "count": want}
+    return out
+
+
 def _wrong_fallbacks(case, step_forward, wrong_step) -> None:
     """A forced loop that is wrong here, and the first loop it falls back to too: each is checked before its
     first run, the user gets the third loop's right result, one line each. A cached ranking whose first loop
@@ -379,8 +524,9 @@ def _store_entry(entry: dict) -> None:
     gpu_choice_cache.store(16, 20, torch.float64, "cpu", gpu_tuning._code_files(), entry)
 
 
-def _op_vs_reference(B: int, T: int, D: int, H: int):
-    """The op's y and gradients in float64 against the reference, or the error it raised (one line)."""
+def _op_vs_reference(B: int, T: int, D: int, H: int, each: bool = False):
+    """The op's y and gradients in float64 against the reference (the worst, or `each`: y, dx, d(w_in),
+    d(bias), d(w_mh), d(w_m)), or the error it raised (one line)."""
     from app.model.triton_core import TritonMLSTMFunction
 
     x = torch.randn(B, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
@@ -390,8 +536,17 @@ def _op_vs_reference(B: int, T: int, D: int, H: int):
         got = _run_core(TritonMLSTMFunction, x, ws, torch.float64, dy)
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    return max(_errors(got, _run_reference(x, ws, dy)))
+    errs = _errors(got, _run_reference(x, ws, dy))
+    return errs if each else _worst(errs)
 
+
+def _worst(errs: list[float]) -> float:
+    """The largest error; NaN where any is NaN (Python's max may pass over one)."""
+    return float("nan") if any(e != e for e in errs) else max(errs)
+
+
+CHECKS = {"parity": parity, "tuning": tuning, "faults": faults, "poison": poison, "overlap": overlap,
+          "tuner_memory": tuner_memory}  # fmt: skip
 
 if __name__ == "__main__":
-    print(json.dumps({"parity": parity, "tuning": tuning, "faults": faults}[sys.argv[1]]()))
+    print(json.dumps(CHECKS[sys.argv[1]]()))

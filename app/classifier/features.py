@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from app.classifier.spec import FEATURES
+from app.model import gpu_health
 from app.model.lm import LanguageModel
 
 
@@ -68,7 +69,12 @@ def batch_feature_sets(
     model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]
 ) -> dict[str, torch.Tensor]:
     """ids (B, T) right-padded, lengths (B,) -> {kind: (B, H * len(layers))}, every kind of FEATURES from
-    one pass, the listed recurrent layers' features side by side (in the order given)."""
+    one pass, the listed recurrent layers' features side by side (in the order given); read again where a
+    failed GPU loop poisoned it (app/model/gpu_health.py)."""
+    return gpu_health.checked(_feature_sets, model, ids, lengths, layers)
+
+
+def _feature_sets(model: LanguageModel, ids: torch.Tensor, lengths: torch.Tensor, layers: list[int]) -> dict:
     real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]  # (B, T)
     x = model.embedding(ids)  # (B, T, E)
     per_layer: dict[int, dict[str, torch.Tensor]] = {}
@@ -180,15 +186,16 @@ def read_features(
         for r, i in enumerate(rows):
             batch[r, : lengths[i]] = ids[i]
         x = torch.from_numpy(batch).to(dev)
+        # a batch (or a long text's pieces) in which a GPU loop failed is read again (app/model/gpu_health.py)
         if batch.shape[1] > batch_tokens:  # one text alone (length_batches): its pieces, the state carried
             if method == "finetune":
-                f = chunked_pooled(model, x, layers, batch_tokens, step)
+                f = gpu_health.checked(chunked_pooled, model, x, layers, batch_tokens, step)
             else:
-                f = chunked_feature_sets(model, x, layers, batch_tokens, step)[kind]
+                f = gpu_health.checked(chunked_feature_sets, model, x, layers, batch_tokens, step)[kind]
         else:
             lens = torch.from_numpy(lengths[rows]).to(dev)
             with torch.no_grad():
-                f = pooled(model, x, lens, layers) if method == "finetune" else None
+                f = gpu_health.checked(pooled, model, x, lens, layers) if method == "finetune" else None
                 f = batch_feature_sets(model, x, lens, layers)[kind] if f is None else f
             step(int(lengths[rows].sum()))
         out[rows] = f.float().cpu().numpy()

@@ -21,7 +21,8 @@ MLSTM_DS_FAULTS is a comma-separated list of:
     peak_divide=N      the matmul peak each rank times at start is divided by N, as a peak timed while other
                        work held the core reads low (the MFU guard's test)
     barrier_timeout=N  the N-th launch (1-based, repeatable) of a persistent GPU loop in this process finds its
-                       grid barrier's failure flag set, as when its programs were not all resident
+                       grid barrier's failure flag set, as when its programs were not all resident: the kernel's
+                       own poison path runs (NaN outputs, the loop's health flag set: app/model/gpu_health.py)
     gpu_launch_error=N the N-th run (1-based, repeatable) of a GPU loop in this process raises at launch, as a
                        kernel the device refuses (too many resources, a cooperative grid too large)
 """

@@ -30,6 +30,7 @@ from app.common.resources import Part, available_memory, cap, refuse_over
 from app.evaluation.cache import QUERY_BLOCK
 from app.evaluation.config import EvalConfig
 from app.model.config import ModelConfig
+from app.model.first_call import first_call_bytes
 from app.model.memory import bytes_per_token, step_bytes, weight_bytes
 
 Say = Callable[[str], None] | None
@@ -148,10 +149,12 @@ def reader_parts(cfg: EvalConfig, model_cfg: ModelConfig, inputs: Inputs) -> lis
     return [weights, max(acts, key=lambda part: part[0])]
 
 
-def engine_part(cfg: EvalConfig, model_cfg: ModelConfig, inputs: Inputs, stages: int) -> Part:
-    """This process's stage of the engine: its share of the weights and of the largest micro-batch."""
+def engine_part(cfg: EvalConfig, model_cfg: ModelConfig, inputs: Inputs, stages: int, device=None) -> Part:
+    """This process's stage of the engine: its share of the weights and of the largest micro-batch; on a CUDA
+    `device`, the GPU core's first call at the micro-batch's bucket (app.model.first_call)."""
     tokens = engine_tokens(cfg, inputs)
     need = (weight_bytes(model_cfg) + tokens * bytes_per_token(model_cfg, training=False)) // stages
+    need += first_call_bytes(model_cfg, cfg.micro_batch, device, backward=False)
     hint = "lower --micro-batch" + (" or --text-chunk-len" if inputs.texts else "")
     return need, f"evaluating micro-batches of up to {tokens:,} padded tokens", hint
 
@@ -163,7 +166,7 @@ def check_evaluation_fits(
     on the CPU), the engine (on `device`) and, where `reads` (rank 0), the readers."""
     weights = (weight_bytes(model_cfg), "the checkpoint's weights", "evaluate on a machine with more memory")
     host = [weights, *(reader_parts(cfg, model_cfg, inputs) if reads else [])]
-    engine = engine_part(cfg, model_cfg, inputs, stages)
+    engine = engine_part(cfg, model_cfg, inputs, stages, device)
     if device == "cpu":
         refuse_over(available_memory("cpu"), [*host, engine])
         return

@@ -14,6 +14,7 @@ from app.common.numbers import check_numbers
 from app.common.resources import cap, check_fits
 from app.generation.decoder import prefill_tokens
 from app.generation.sampling import SamplingConfig
+from app.model.first_call import first_call_bytes
 from app.model.memory import prefill_floats_per_token, step_bytes
 
 
@@ -109,6 +110,9 @@ def generation_bytes(rows: int, longest: int, max_new_tokens: int, model_cfg, de
     group = min(rows * longest, prefill_tokens(model_cfg))
     prefill = group * 4 * prefill_floats_per_token(model_cfg, layers)
     prefill += min(longest, group) * step_bytes(model_cfg, device)
+    prefill += first_call_bytes(
+        model_cfg, max(1, group // max(1, longest)), device, backward=False
+    )  # GPU core
     held = rows * (longest * PROMPT_BYTES_PER_TOKEN + 4 * (4 * h * layers + SAMPLING_COPIES * v))
     return prefill + held + rows * max_new_tokens * RECORD_BYTES_PER_TOKEN
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.model import gpu_health
 from app.model.config import ModelConfig
 from app.model.lm import LanguageModel
 from app.model.memory import prefill_floats_per_token
@@ -52,7 +53,12 @@ class Decoder:
         self, ids: torch.Tensor, lengths: torch.Tensor, state: State | None
     ) -> tuple[torch.Tensor, State]:
         """Embedding and every recurrent layer over right-padded ids (B, T) -> (x (B, T, H), state after
-        each row's lengths[b] tokens)."""
+        each row's lengths[b] tokens); read again where a GPU loop failed in it (app/model/gpu_health.py)."""
+        return gpu_health.checked(self._read_layers, ids, lengths, state)
+
+    def _read_layers(
+        self, ids: torch.Tensor, lengths: torch.Tensor, state: State | None
+    ) -> tuple[torch.Tensor, State]:
         x = self.model.embedding(ids.to(self.device))  # (B, T, E)
         start = state or [None] * len(self._w)
         new: State = []

@@ -6,7 +6,8 @@
     cublas      per step, cuBLAS products (torch.mm) and the same kernels with the product read back
                 (USE_DOT off: only their epilogues run); replayed as a CUDA graph
     persistent  ONE launch per sequence each way: a cooperative grid of at most the SM count loops over
-                the steps with a grid barrier between phases; no graph, nothing captured per length
+                the steps with a grid barrier between phases; no graph, nothing captured per length; the
+                host never waits for it (a barrier that gives up poisons the outputs: gpu_health.py)
     splitk      the persistent loop, its backward's K = 4H phase on whole-batch x 64-unit tiles, split over K
                 where that fills the SMs (a third phase sums the slices, in a fixed order): a backward-only
                 candidate
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from app.common import faults
+from app.model import gpu_health
 from app.model.gpu_tiles import Tiles, epilogue_rows, interpreting
 
 GRAPH_CACHE = int(os.environ.get("MLSTM_GRAPH_CACHE", "64"))
@@ -44,7 +46,8 @@ TIMED = ("pm", "pg", "rs", "ms", "gates", "tcs", "dy", "dp", "dr")  # (T, B, ...
 
 
 class BarrierTimeout(RuntimeError):
-    """A persistent launch's grid barrier gave up (its programs were not all resident): its outputs are garbage."""
+    """A persistent launch's grid barrier gave up (its programs were not all resident), seen by the host at once:
+    only under MLSTM_BARRIER_HOST_WAIT=1 (gpu_health.host_wait), which reads the flag after every launch."""
 
 
 def _k():
@@ -87,6 +90,13 @@ def launch_kernel(kernel, grid: int, args: dict, **consts) -> None:
     kernel[(grid,)](*[args[n] for n in kernel.arg_names if n in args], **consts)
 
 
+def _carry_in(b: dict) -> None:
+    """The backward's dc carry before its last step: zero, or, for a time piece of the overlapped backward
+    (app/model/wgrad_overlap.py, `dc_carry` given), what the piece after it left in `dc`."""
+    if "dc_carry" not in b:
+        b["dc"].zero_()
+
+
 @dataclass(frozen=True)
 class Launch:
     """One kind of kernel launch a loop makes: the kernel (forward or backward), the phases it runs, whether
@@ -114,6 +124,7 @@ class Loop:
 
     name = "loop"
     graphed = False
+    barrier = False  # whether its launches synchronise through a barrier word (gpu_health.flag)
     directions = ("fwd", "bwd")  # the directions the tuner times it in
     use_dot = True
 
@@ -215,7 +226,7 @@ class StepLoop(Loop):
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
         kernel, dtype, args = _k().mlstm_bwd, b["w_mh_t"].dtype, self.kernel_args(b, False)
         plan = [(self.programs(lc, B, H), self.consts(dtype, lc)) for lc in self.launches() if not lc.fwd]
-        b["dc"].zero_()
+        _carry_in(b)
         for t in range(T - 1, -1, -1):
             for n, c in plan:
                 launch_kernel(kernel, n, {**args, "t0": t, "t1": t + 1, "T": T, "B": B, "H": H}, **c)
@@ -258,7 +269,7 @@ class CublasLoop(Loop):
         p_h, p_m = b["p_h"], b["p_r"]
         args = self.kernel_args(b, False)
         w_mh, w_m = b["w_mh_t"].t(), b["w_m_t"].t()  # (H, H), (4H, H) views: W_mh, W_m
-        b["dc"].zero_()
+        _carry_in(b)
         for t in range(T - 1, -1, -1):
             if t < T - 1:
                 torch.mm(b["dr"][t + 1], w_mh, out=p_h)  # (B, H) d(r_{t+1}) W_mh
@@ -269,13 +280,17 @@ class CublasLoop(Loop):
 
 class PersistentLoop(Loop):
     """One cooperative launch per sequence and direction: `programs` programs (at most the SM count) loop
-    over the steps and their tiles, a grid barrier between phases. Every launch's barrier flag is read before
-    its outputs are handed on (a host sync): a barrier that gave up raises BarrierTimeout, and the caller redoes
-    the work with another loop (gpu_tuning.run). In the interpreter, which runs programs one after another (a
-    barrier would wait forever), the same kernel runs phase by phase, `programs` programs each looping over
-    several tiles."""
+    over the steps and their tiles, a grid barrier between phases. The launch never waits: its barrier word is
+    `b["bar"]` (a row of the device's health flags, gpu_health.flag; a fresh one where none is given), and a
+    barrier that gives up leaves NaN in every output and the flag set, for the host to read where it already
+    waits. Under MLSTM_BARRIER_HOST_WAIT=1 the flag is read after the launch (the old wait): BarrierTimeout, and
+    the caller redoes the work with another loop (gpu_tuning.run). In the interpreter, which runs programs one
+    after another (a barrier would wait forever), the same kernel runs phase by phase, `programs` programs each
+    looping over several tiles; a launch whose flag is already set runs whole, as on a GPU: every barrier
+    returns at once and the outputs are poisoned."""
 
     name = "persistent"
+    barrier = True
     cooperative = (
         True  # launched with the co-residency guarantee (a test turns it off to see a barrier give up)
     )
@@ -297,36 +312,42 @@ class PersistentLoop(Loop):
     def programs(self, launch: Launch, B: int, H: int) -> int:
         return self.n_programs
 
-    def _launch(self, args: dict, fwd: bool, dtype: torch.dtype, scalars: dict, T: int) -> None:
+    def _launch(self, args: dict, fwd: bool, dtype: torch.dtype, scalars: dict, T: int, bar) -> None:
         kernel = _k().mlstm_fwd if fwd else _k().mlstm_bwd
         launch = next(lc for lc in self.launches() if lc.fwd == fwd)
         P = self.n_programs
-        bar = torch.zeros(
-            2, dtype=torch.int32, device=args["w_m" if fwd else "w_m_t"].device
-        )  # [arrivals, failed]
-        if interpreting():
+        if bar is None:  # a launch outside a ranking (the tuner's checks and timings): a word of its own
+            bar = torch.zeros(2, dtype=torch.int32, device=args["w_m" if fwd else "w_m_t"].device)
+        bar[0].zero_()  # arrivals: the epoch counter starts at 0; `failed` stays as the last launch left it
+        if faults.barrier_times_out():
+            bar[1].fill_(1)  # as a barrier that gave up: the kernel's own poison path runs
+        if interpreting() and not int(bar[1]):  # (the host's own memory here: no device to wait for)
             run = [p for p in (_k().FWD_PHASES if fwd else _k().BWD_PHASES) if p & launch.phases]
             for t in range(T) if fwd else range(T - 1, -1, -1):
                 for p in run:
                     c = self.consts(dtype, Launch(fwd, p, use_dot=launch.use_dot))
                     launch_kernel(kernel, P, {**args, "t0": t, "t1": t + 1, **scalars}, **c)
         else:
-            launch_kernel(kernel, P, {**args, "bar": bar, "t0": 0, "t1": T, **scalars}, launch_cooperative_grid=self.cooperative,
-                         **self.consts(dtype, launch))  # fmt: skip
-        if faults.barrier_times_out():
-            bar[1] = 1
-        if int(bar[1]):  # waits for the launch: its outputs are not handed on unchecked
+            coop = {} if interpreting() else {"launch_cooperative_grid": self.cooperative}
+            launch_kernel(kernel, P, {**args, "bar": bar, "t0": 0, "t1": T, **scalars}, **coop,
+                          **self.consts(dtype, launch))  # fmt: skip
+        if gpu_health.host_wait() and int(
+            bar[1]
+        ):  # the old wait (an A/B switch): the host reads the flag now
+            bar[1].zero_()
             raise BarrierTimeout(
                 f"the {self.name} loop's grid barrier timed out ({P} programs were not all resident on the "
                 "GPU): its results are invalid"
             )
 
     def forward(self, b: dict, B: int, T: int, H: int) -> None:
-        self._launch(self.kernel_args(b, True), True, b["w_mh"].dtype, dict(B=B, H=H), T)
+        self._launch(self.kernel_args(b, True), True, b["w_mh"].dtype, dict(B=B, H=H), T, b.get("bar"))
 
     def backward(self, b: dict, B: int, T: int, H: int) -> None:
-        b["dc"].zero_()
-        self._launch(self.kernel_args(b, False), False, b["w_mh_t"].dtype, dict(T=T, B=B, H=H), T)
+        _carry_in(b)
+        self._launch(
+            self.kernel_args(b, False), False, b["w_mh_t"].dtype, dict(T=T, B=B, H=H), T, b.get("bar")
+        )
 
 
 class SplitKLoop(PersistentLoop):
@@ -401,7 +422,7 @@ def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         (lambda b: loop.forward(b, B, T, H)) if fwd else (lambda b: loop.backward(b, B, T, H))
     )
     w = bufs["w_mh" if fwd else "w_mh_t"]
-    if not replayed(loop, w):
+    if not replayed(loop, w) or "dc_carry" in bufs:  # (a piece of the overlapped backward: a graph zeroes dc)
         return go({**bufs, **loop.scratch(B, H, w.dtype, w.device)})
     key = (repr(loop), fwd, B, H, w.dtype, w.device)
     if (key, T) not in _seen:

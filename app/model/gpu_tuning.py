@@ -15,13 +15,16 @@ Triton cannot build, a result off the reference) is left out with its reason. Ra
 in it checked once per process, on a small input, before it is trusted: a fallback that fails is dropped (one
 line), a first loop that fails has the shape timed afresh.
 
-`run` runs a direction with the ranking's first loop and, where that loop raises, its grid barrier gave up
-(gpu_loops.BarrierTimeout) or, not yet checked in this process, it fails its check, redoes the work with the
-next one, with one warning line; the failed loop is dropped from the ranking for the process. So no loop runs
-unchecked: a forced loop (`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|persistent-l2|python`, untimed) and each
-fallback behind it are checked before their first run. `MLSTM_GPU_TILES=old|new` leaves out the l2 candidate,
-or today's persistent and split tiles where an l2 one exists (an A/B of the tilings). In Triton's interpreter
-(the CPU tests) the loop is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
+`run` runs a direction with the ranking's first loop and, where that loop raises at launch, (not yet checked
+in this process) fails its check, or its grid barrier gave up under the old per-launch wait
+(MLSTM_BARRIER_HOST_WAIT=1: gpu_loops.BarrierTimeout), redoes the work with the next one, with one warning line;
+the failed loop is dropped from the ranking for the process. A barrier that gives up without that wait poisons
+the loop's outputs (NaN) and sets its health flag, which the host reads where it already waits
+(app/model/gpu_health.py), dropping the loop there. So no loop runs unchecked: a forced loop
+(`MLSTM_GPU_LOOP=step|cublas|persistent|splitk|persistent-l2|python`, untimed) and each fallback behind it are
+checked before their first run. `MLSTM_GPU_TILES=old|new` leaves out the l2 candidate, or today's persistent
+and split tiles where an l2 one exists (an A/B of the tilings). In Triton's interpreter (the CPU tests) the loop
+is MLSTM_GPU_LOOP's, default persistent, run phase by phase.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_loops, gpu_ranking
+from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_ranking
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
 from app.model.gpu_ranking import Choice, NoLoop, why
 from app.model.gpu_tiles import interpreting, next_pow2, tile_sets
@@ -110,10 +113,12 @@ def _checked(choice: Choice, loop: Loop, fwd: bool, B: int, H: int, bufs: dict) 
 
 
 def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
-    """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises, its
-    grid barrier gave up or (its first run in this process) it fails its float64 check, the next (one warning
-    line; the work redone from the same inputs, which no loop writes). The failed loop leaves the ranking for
-    the process. Raises NoLoop when none is left."""
+    """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises at
+    launch, (its first run in this process) it fails its float64 check, or (under MLSTM_BARRIER_HOST_WAIT=1) its
+    grid barrier gave up, the next (one warning line; the work redone from the same inputs, which no loop
+    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left. A barrier loop
+    runs on its row of the device's health flags (gpu_health): a barrier that gives up poisons the outputs and
+    is found where the host already waits."""
     order = choice.fwd_order if fwd else choice.bwd_order
     d = "forward" if fwd else "backward"
     failures = []
@@ -122,7 +127,12 @@ def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         try:
             wrong = _checked(choice, loop, fwd, B, H, bufs)
             if wrong is None:
-                gpu_loops.run(loop, fwd, bufs, B, T, H)
+                if loop.barrier:
+                    what = f"{d} loop {loop.label} at B{B} H{H}"
+                    gpu_loops.run(loop, fwd, {**bufs, "bar": gpu_health.flag(bufs["pm"].device, order, loop, what)},
+                                  B, T, H)  # fmt: skip
+                else:
+                    gpu_loops.run(loop, fwd, bufs, B, T, H)
                 return
         except torch.cuda.OutOfMemoryError:
             raise  # the memory, not the loop: another loop would not fit either

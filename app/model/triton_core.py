@@ -20,7 +20,7 @@ import re
 
 import torch
 
-from app.model import gpu_tuning
+from app.model import gpu_tuning, wgrad_overlap
 from app.model.gpu_tiles import interpreting
 from app.model.matmul import grad_weight, linear
 
@@ -89,8 +89,13 @@ def _loops(ctx, x: torch.Tensor, w_mh: torch.Tensor) -> gpu_tuning.Choice:
     """The tuned loops for this call (the backward's timed too only where a gradient will be asked for)."""
     loops = gpu_tuning.loops_for(x, w_mh, backward=any(ctx.needs_input_grad), op=run_op)
     if loops.fwd is None:  # core="fused" on a device where no loop runs ("auto" runs the reference instead)
-        raise RuntimeError(f"core='fused': {loops.times['failed']}")
+        raise RuntimeError(f"core='fused': {_why_none(loops)}")
     return loops
+
+
+def _why_none(loops: gpu_tuning.Choice) -> str:
+    """Why no loop runs: the tuner's reason, or that every loop of the ranking failed in this process."""
+    return loops.times.get("failed", f"every GPU loop of this shape failed in this process ({loops.times})")
 
 
 def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, choice: gpu_tuning.Choice) -> None:
@@ -116,11 +121,13 @@ def _grads(choice, dy, xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs, need
     kw = dict(device=xt.device)
     bufs = dict(
         w_mh_t=w_mh.t().contiguous(), w_m_t=w_m.t().contiguous(), pm=pm, gates=gates, cs=cs, tcs=tcs, rs=rs,
-        dy=dy.transpose(0, 1).to(sdt).contiguous(),  # (T, B, H)
+        dy=torch.empty(T, B, H, dtype=sdt, **kw).copy_(dy.transpose(0, 1)),  # (T, B, H), a copy of its own
         dp=torch.empty(T, B, 5 * H, dtype=cdt, **kw),  # [d(pm) | dG] per row: w_in's row order
         dr=torch.empty(T, B, H, dtype=cdt, **kw),
         dc=torch.zeros(B, H, dtype=sdt, **kw),
     )  # fmt: skip
+    if n := wgrad_overlap.chunks():  # the weight gradients overlapped with the loop, in time pieces
+        return wgrad_overlap.backward(choice, bufs, xt, w_in, ms, hs[:-1], need_dx, n)
     gpu_tuning.run(choice, False, bufs, B, T, H)
     N = T * B
     dP2 = bufs["dp"].view(N, 5 * H)
@@ -185,7 +192,7 @@ def prefill(x, lengths, w_in, bias, w_mh, w_m, state=None) -> tuple[torch.Tensor
     lengths[b] steps); `mlstm_core.mlstm_prefill`'s contract, through the forward loop alone."""
     loops = gpu_tuning.loops_for(x, w_mh, backward=False, op=run_op)
     if loops.fwd is None:
-        raise RuntimeError(f"core='fused': {loops.times['failed']}")
+        raise RuntimeError(f"core='fused': {_why_none(loops)}")
     bufs, _ = _forward(x, w_in, bias, w_mh, w_m, state, loops)
     rows = torch.arange(x.shape[0], device=x.device)
     lengths = lengths.to(x.device)

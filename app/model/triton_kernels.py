@@ -41,10 +41,14 @@ multiplied by H, so a micro-batch with another row count reuses the compiled ker
 
 The grid barrier is an epoch counter: each program adds 1 (release) and waits (acquire) until the counter
 reaches (epoch + 1) * programs, polling the counter alone (the failure flag is read once per FLAG_EVERY
-polls). The wait is bounded (MAX_SPIN polls): a program that never sees the others sets the failure flag,
-every later barrier returns at once, and the host, which reads the flag after every launch, redoes the work
-with another loop (gpu_tuning.py) instead of hanging or using the garbage. Data
-another program wrote in this launch is read with cache_modifier ".cg" (L2, not the SM's own L1).
+polls). The wait is bounded (MAX_SPIN polls): a program that never sees the others sets the failure flag and
+every later barrier returns at once (as does every barrier of a launch that finds the flag already set). After
+its last step each program reads the flag, and where it is set, POISONS every output tile it owns, at every
+step of the launch, with NaN (`_poison_fwd` / `_poison_bwd`): whatever ran with a broken barrier never leaves
+the kernel as a finite number. The flag stays set (it is the loop's health flag, app/model/gpu_health.py): the
+host reads it where it already waits (the training step's loss, an inference batch's result), never after the
+launch. Data another program wrote in this launch is read with cache_modifier ".cg" (L2, not the SM's own
+L1).
 
 Operands are the compute dtype (bf16/fp16/fp32, fp64 for tests); accumulation, gates and cell state are
 ACC (fp32, or fp64 with fp64 operands). Interpreter notes (TRITON_INTERPRET=1, the CPU tests): UPCAST
@@ -69,6 +73,7 @@ DH_PART_PHASE = tl.constexpr(8)  # backward, split over K only: dh's K slices, b
 FWD_PHASES = (int(R_PART_PHASE.value), int(R_PHASE.value), int(GATES_PHASE.value))
 BWD_PHASES = (int(DH_PART_PHASE.value), int(DH_PHASE.value), int(DM_PHASE.value), int(SUM_PHASE.value))
 FLAG_EVERY = tl.constexpr(256)  # barrier polls between reads of the failure flag
+QUIET_NAN = tl.constexpr(0x7FC00000)  # float32's quiet NaN, as bits: what a tile of a poisoned launch holds
 
 
 @triton.jit
@@ -264,6 +269,40 @@ def _grid_sync(bar, epoch, nprog, MAX_SPIN: tl.constexpr):
     return epoch + 1
 
 
+@triton.jit
+def _gave_up(bar):
+    """Whether this launch's barrier gave up (read after the last barrier: any program's give-up is seen)."""
+    return tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu") != 0
+
+
+@triton.jit
+def _nan_tile(ptr, rb, ru, bok, uok, row, BB: tl.constexpr, BU: tl.constexpr):
+    """NaN into a (units, batch) tile of `ptr` whose rows (batch) are `row` elements apart."""
+    nan = tl.full((BU, BB), QUIET_NAN, tl.int32).to(tl.float32, bitcast=True).to(ptr.dtype.element_ty)
+    tl.store(ptr + rb[None, :] * row + ru[:, None], nan, mask=uok[:, None] & bok[None, :])
+
+
+@triton.jit
+def _poison_fwd(pid, nprog, t0, t1, rs, ms, gates, cs, tcs, hs, B, H,
+                BB_R: tl.constexpr, BU_R: tl.constexpr, BB_G: tl.constexpr, BU_G: tl.constexpr):  # fmt: skip
+    """NaN in every forward output this program owns, steps t0 .. t1-1: its r tiles' r and m, its gate tiles'
+    four gates, c, tanh c and h (the state rows t+1; row 0, the initial state, is an input)."""
+    n_r = tl.cdiv(B, BB_R) * tl.cdiv(H, BU_R)
+    n_g = tl.cdiv(B, BB_G) * tl.cdiv(H, BU_G)
+    for t in range(t0, t1):
+        for tile in range(pid, n_r, nprog):
+            rb, ru, bok, uok = _tile(tile, B, H, BB_R, BU_R)
+            _nan_tile(rs + t * B * H, rb, ru, bok, uok, H, BB_R, BU_R)
+            _nan_tile(ms + t * B * H, rb, ru, bok, uok, H, BB_R, BU_R)
+        for tile in range(pid, n_g, nprog):
+            rb, ru, bok, uok = _tile(tile, B, H, BB_G, BU_G)
+            for g in tl.static_range(4):
+                _nan_tile(gates + t * B * 4 * H + g * H, rb, ru, bok, uok, 4 * H, BB_G, BU_G)
+            _nan_tile(cs + (t + 1) * B * H, rb, ru, bok, uok, H, BB_G, BU_G)
+            _nan_tile(tcs + t * B * H, rb, ru, bok, uok, H, BB_G, BU_G)
+            _nan_tile(hs + (t + 1) * B * H, rb, ru, bok, uok, H, BB_G, BU_G)
+
+
 @triton.jit(do_not_specialize=["t0", "t1", "B"])
 def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, part, bar, t0, t1, B, H,
               PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
@@ -301,6 +340,9 @@ def mlstm_fwd(hs, cs, w_mh, w_m, pm, pg, rs, ms, gates, tcs, prod_r, prod_g, par
                                 USE_DOT, UPCAST, ACC, PREC, CACHE)  # fmt: skip
         if SYNC:
             epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+    if SYNC:  # noqa: SIM102 (nested: without SYNC `bar` is None, and Triton's `and` does not short-circuit)
+        if _gave_up(bar):
+            _poison_fwd(pid, nprog, t0, t1, rs, ms, gates, cs, tcs, hs, B, H, BB_R, BU_R, BB_G, BU_G)
 
 
 # ---- backward
@@ -405,6 +447,30 @@ def _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H,
     _bwd_m_epilogue(acc, t, dp, rs, pm, dr, rb, ru, bok, uok, B, H, ACC)
 
 
+@triton.jit
+def _poison_bwd(pid, nprog, t0, t1, dp, dr, B, H,
+                BB_H: tl.constexpr, BU_H: tl.constexpr, BB_M: tl.constexpr, BU_M: tl.constexpr,
+                SPLIT: tl.constexpr):  # fmt: skip
+    """NaN in every backward output this program owns, steps t0 .. t1-1: its first-phase tiles' dG (dP[..., H:]);
+    d(pm) (dP[..., :H]) and d(r) of its K = 4H phase's tiles, or under a split of its sum phase's (the first
+    phase's tiles), which write them."""
+    n_h = tl.cdiv(B, BB_H) * tl.cdiv(H, BU_H)
+    n_m = tl.cdiv(B, BB_M) * tl.cdiv(H, BU_M)
+    for t in range(t0, t1):
+        for tile in range(pid, n_h, nprog):
+            rb, ru, bok, uok = _tile(tile, B, H, BB_H, BU_H)
+            for g in tl.static_range(4):
+                _nan_tile(dp + t * B * 5 * H + (g + 1) * H, rb, ru, bok, uok, 5 * H, BB_H, BU_H)
+            if SPLIT > 1:
+                _nan_tile(dp + t * B * 5 * H, rb, ru, bok, uok, 5 * H, BB_H, BU_H)
+                _nan_tile(dr + t * B * H, rb, ru, bok, uok, H, BB_H, BU_H)
+        if SPLIT == 1:
+            for tile in range(pid, n_m, nprog):
+                rb, ru, bok, uok = _tile(tile, B, H, BB_M, BU_M)
+                _nan_tile(dp + t * B * 5 * H, rb, ru, bok, uok, 5 * H, BB_M, BU_M)
+                _nan_tile(dr + t * B * H, rb, ru, bok, uok, H, BB_M, BU_M)
+
+
 @triton.jit(do_not_specialize=["t0", "t1", "T", "B"])
 def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, prod_m, part, bar, t0, t1, T, B, H,
               PHASES: tl.constexpr, SYNC: tl.constexpr, USE_DOT: tl.constexpr,
@@ -456,3 +522,6 @@ def mlstm_bwd(dr, w_mh_t, w_m_t, dy, gates, cs, tcs, dc, dp, rs, pm, prod_h, pro
                     _bwd_m_sum(tile, t, part, dp, rs, pm, dr, B, H, BB_H, BU_H, SPLIT, ACC, CACHE)
             if SYNC:
                 epoch = _grid_sync(bar, epoch, nprog, MAX_SPIN)
+    if SYNC:  # noqa: SIM102 (as in mlstm_fwd)
+        if _gave_up(bar):
+            _poison_bwd(pid, nprog, t0, t1, dp, dr, B, H, BB_H, BU_H, BB_M, BU_M, SPLIT)

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
+from app.common import phase_clock
+from app.model import gpu_health
 from app.model.config import ModelConfig
 from app.model.loss import token_loss
 from app.parallel.layout import Layout
@@ -99,6 +101,13 @@ class Engine:
             self.needs_inputs = self.needs_targets = True
         self.device = self.ds.device
 
+    def _mark_first_forward(self, module, args, out) -> None:
+        """The first forward's end on the phase clock (a GPU waited for, once), then the hook goes."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        phase_clock.mark("first forward")
+        self._first_forward.remove()
+
     @property
     def needs_data(self) -> bool:
         return self.needs_inputs or self.needs_targets
@@ -114,7 +123,18 @@ class Engine:
         return iter([(x, (y, s)) for x, y in batches])
 
     def train_step(self, batches: list[Batch] | None, global_tokens: int, nan: bool = False) -> float:
-        """One optimizer step over this rank's micro-batches; returns the global mean loss (nats/token)."""
+        """One optimizer step over this rank's micro-batches; returns the global mean loss (nats/token). Once
+        the loss is read (the host waits for the step there anyway) the GPU core's health flags are read: a loop
+        whose grid barrier gave up left NaN in this step (DeepSpeed's optimizers skip a non-finite update, and
+        the trainer counts the step as skipped) and leaves its shape's ranking, in one warning line."""
+        if phase_clock.first("data ready"):  # the first step's batches: its forward is the next one
+            self._first_forward = self.ds.module.register_forward_hook(self._mark_first_forward)
+        loss = self._train_step(batches, global_tokens, nan)
+        if gpu_health.active():
+            gpu_health.check()
+        return loss
+
+    def _train_step(self, batches: list[Batch] | None, global_tokens: int, nan: bool) -> float:
         L = self.layout
         scale = float("nan") if nan else (L.grad_accum * L.data_parallel / max(1, global_tokens))
         if self.is_pipe:
@@ -133,7 +153,15 @@ class Engine:
 
     @torch.no_grad()
     def eval_step(self, batches: list[Batch] | None, per_rank: int) -> float:
-        """Summed cross-entropy (nats) over the micro-batches of every data-parallel rank."""
+        """Summed cross-entropy (nats) over the micro-batches of every data-parallel rank. A sum that is not
+        finite on a GPU is run once more by every rank together (each first reads its GPU core's flags: a loop
+        whose barrier gave up there poisoned the sum, and is dropped; gpu_health.redo)."""
+        nats = self._eval_step(batches, per_rank)
+        if gpu_health.redo(nats, self.device):
+            nats = self._eval_step(batches, per_rank)
+        return nats
+
+    def _eval_step(self, batches: list[Batch] | None, per_rank: int) -> float:
         dp = self.layout.data_parallel
         if self.is_pipe:
             # eval_batch averages over micro-batches and ranks; scaling by both turns it back into a sum.

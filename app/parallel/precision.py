@@ -23,3 +23,24 @@ def check_precision(precision: str, device_type: str, source: str, log: logging.
         source,
     )
     return False
+
+
+def non_finite_update(ds_json: dict, precision: str) -> str | None:
+    """Why DeepSpeed would APPLY an optimizer step whose gradients are not finite under this JSON, or None.
+
+    Read from DeepSpeed 0.19's source and checked by tests/test_parallel_precision.py on the real engine:
+    BF16_Optimizer (bf16 at ZeRO-1 with fp32 gradient accumulation) skips a step whose global gradient norm is
+    not finite whatever the JSON says (runtime/bf16_optimizer.py:402-407); the ZeRO-1/2 optimizer
+    (runtime/zero/stage_1_and_2.py:3029-3065) skips one where it checks for overflow: always under fp16, under
+    bf16 only with `bf16.check_grad_overflow` (default true: runtime/precision_config.py:56, engine.py:2638-2643),
+    under fp32 through the gradient norm (`zero_optimization.compute_grad_norm`, default true). A GPU loop whose barrier gave up leaves NaN in its
+    step (app/model/gpu_health.py): the run relies on that skip."""
+    if precision == "bf16" and (ds_json.get("bf16") or {}).get("check_grad_overflow", True) is False:
+        return "bf16.check_grad_overflow is false: DeepSpeed's ZeRO optimizer then applies a non-finite step"
+    zero = ds_json.get("zero_optimization") or {}
+    if precision == "fp32" and zero.get("compute_grad_norm", True) is False:
+        return (
+            "zero_optimization.compute_grad_norm is false in fp32: DeepSpeed then checks no gradient for "
+            "non-finite values and applies a non-finite step"
+        )
+    return None

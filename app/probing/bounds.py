@@ -18,6 +18,7 @@ import numpy as np
 
 from app.classifier.features import length_batches
 from app.common.resources import cap, check_fits
+from app.model.first_call import first_call_bytes
 from app.model.memory import activation_floats_per_token, prefill_floats_per_token, step_bytes, weight_bytes
 from app.probing.config import TransferConfig
 
@@ -57,7 +58,13 @@ def featurize_bytes(seqs: list[np.ndarray], batch_tokens: int, model_cfg, layers
     """Memory featurizing `seqs` through the first `layers` recurrent layers takes (app.model.memory): the
     largest batch under `batch_tokens`, a longer text read in pieces of that many tokens."""
     tokens, steps = largest_batch(seqs, batch_tokens, piece=batch_tokens)
-    return tokens * 4 * prefill_floats_per_token(model_cfg, layers) + steps * step_bytes(model_cfg, device)
+    rows = max(1, tokens // max(1, steps))  # the GPU core's first call at that batch's bucket, where it runs
+    first = first_call_bytes(model_cfg, rows, device, backward=False)
+    return (
+        tokens * 4 * prefill_floats_per_token(model_cfg, layers)
+        + steps * step_bytes(model_cfg, device)
+        + first
+    )
 
 
 FINETUNE_COPIES = 5  # the trained copy of the model, its gradients, Adam's two moments, the best epoch's copy
@@ -73,7 +80,8 @@ def finetune_bytes(
     acts = tokens * 4 * activation_floats_per_token(model_cfg, layers, True) + steps * step_bytes(
         model_cfg, device
     )
-    return acts + FINETUNE_COPIES * weight_bytes(model_cfg)
+    first = first_call_bytes(model_cfg, max(1, tokens // max(1, steps)), device, backward=True)  # (GPU core)
+    return acts + FINETUNE_COPIES * weight_bytes(model_cfg) + first
 
 
 def check_batches(

@@ -32,6 +32,7 @@ from torch import nn
 from app.classifier.features import length_batches, pooled
 from app.classifier.head import sigmoid
 from app.common.logs import heartbeat, progress_bar
+from app.model import gpu_health
 from app.model.lm import LanguageModel
 from app.probing.scores import best_thresholds, f1_per_label
 
@@ -138,13 +139,25 @@ def logits(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id:
     clf.eval()
     dev = clf.head.weight.device
     out = np.zeros((len(seqs), clf.head.out_features), dtype=np.float32)
-    for rows in _batches(seqs, cfg, None):
-        out[rows] = clf(*_pad(seqs, rows, pad_id, dev)).float().cpu().numpy()
+    for rows in _batches(seqs, cfg, None):  # a batch a failed GPU loop poisoned is read again (gpu_health)
+        out[rows] = gpu_health.checked(clf, *_pad(seqs, rows, pad_id, dev)).float().cpu().numpy()
     return out
 
 
 def predict(clf: Classifier, seqs: list[np.ndarray], cfg: FineTuneConfig, pad_id: int) -> np.ndarray:
     return logits(clf, seqs, cfg, pad_id).argmax(1)
+
+
+def _gradients(clf: Classifier, opt, ids, lengths, target, multi_label: bool) -> torch.Tensor:
+    """One batch's loss, its gradients in the parameters (zeroed first)."""
+    out = clf(ids, lengths)
+    if multi_label:
+        loss = F.binary_cross_entropy_with_logits(out, target.to(out.dtype))
+    else:
+        loss = F.cross_entropy(out, target)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
 
 
 def _epoch(
@@ -160,13 +173,8 @@ def _epoch(
     for rows in _batches(seqs, cfg, rng):
         ids, lengths = _pad(seqs, rows, pad_id, dev)
         target = torch.from_numpy(y[rows]).to(dev)
-        out = clf(ids, lengths)
-        if cfg.multi_label:
-            loss = F.binary_cross_entropy_with_logits(out, target.to(out.dtype))
-        else:
-            loss = F.cross_entropy(out, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        # the gradients again where a failed GPU loop poisoned them: never a NaN step (app/model/gpu_health.py)
+        loss = gpu_health.checked(_gradients, clf, opt, ids, lengths, target, cfg.multi_label)
         torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
         opt.step()
         total += float(loss.detach()) * len(rows)

@@ -37,6 +37,7 @@ from app.batching.run_data import RunData
 from app.common.resources import Part, available_memory, cap, refuse_over
 from app.generation.config import generation_bytes
 from app.model.config import ModelConfig, matrix_parameters
+from app.model.first_call import first_call_bytes
 from app.model.memory import ENGINE_BYTES, bytes_per_token, training_state_bytes, weight_bytes
 from app.parallel.layout import ACCUM, GLOBAL, MICRO, Layout
 from app.training.config import TrainConfig
@@ -145,15 +146,17 @@ def largest_micro_batch(
     return tokens
 
 
-def process_bytes(model_cfg: ModelConfig, layout: Layout, tokens: int) -> int:
+def process_bytes(model_cfg: ModelConfig, layout: Layout, tokens: int, device=None) -> int:
     """Bytes (estimated, app.model.memory) one training process needs: its share of the training state
     (ZeRO-3 spreads it evenly over the world; other layouts hold more), and its stage's share of the
     activations of a micro-batch of `tokens` padded tokens through the whole model, for each micro-batch
-    the pipeline keeps in flight (1F1B: the first stage holds up to P of them, or the accumulation's)."""
+    the pipeline keeps in flight (1F1B: the first stage holds up to P of them, or the accumulation's); on a
+    CUDA `device`, the GPU core's first call at the micro-batch's bucket (app.model.first_call)."""
     element = 2 if layout.precision in ("bf16", "fp16") else 4
     state = training_state_bytes(model_cfg) // layout.world_size + ENGINE_BYTES
     in_flight = min(layout.stages, max(1, layout.grad_accum))
-    return state + in_flight * tokens * bytes_per_token(model_cfg, True, element) // layout.stages
+    first = first_call_bytes(model_cfg, layout.micro_batch, device, backward=True, element=element)
+    return state + in_flight * tokens * bytes_per_token(model_cfg, True, element) // layout.stages + first
 
 
 def _offload(ds_json: dict) -> str | None:
@@ -174,10 +177,12 @@ def model_line(model_cfg: ModelConfig) -> str:
     )
 
 
-def training_part(model_cfg: ModelConfig, layout: Layout, tokens: int, processes: int, where: str) -> Part:
+def training_part(
+    model_cfg: ModelConfig, layout: Layout, tokens: int, processes: int, where: str, device=None
+) -> Part:
     """The training state and a micro-batch's activations of `processes` processes (`process_bytes`)."""
     state = training_state_bytes(model_cfg) // layout.world_size
-    need = process_bytes(model_cfg, layout, tokens)
+    need = process_bytes(model_cfg, layout, tokens, device)
     if state >= need - state - ENGINE_BYTES:  # the model's state against the activations
         hint = "use a smaller model (model.hidden_dim, model.num_layers, model.embed_dim) or more processes"
     else:
@@ -228,5 +233,6 @@ def check_run_fits(
         free = available_memory(device)
         if free is not None and offload == "cpu":
             free += available_memory("cpu") or 0
-        refuse_over(free, [training_part(model_cfg, layout, tokens, 1, f"on {device}")], f" on {device}")
+        part = training_part(model_cfg, layout, tokens, 1, f"on {device}", device)
+        refuse_over(free, [part], f" on {device}")
     refuse_over(available_memory("cpu"), [samples])

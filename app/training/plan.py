@@ -31,6 +31,7 @@ from app.parallel.layout import (
     optimizer_lr,
     resolve_layout,
 )
+from app.parallel.precision import non_finite_update
 from app.training import bounds, run_length
 from app.training.config import TrainConfig
 from app.training.run_length import RunLength
@@ -159,6 +160,8 @@ def _layout(
             f"{src}: ZeRO stage 0 has no non-finite-gradient check in DeepSpeed for {layout.precision}; "
             f"use stage 1 (the same memory use at data_parallel 1)"
         )
+    if (why := non_finite_update(ds_json, layout.precision)) is not None:  # a NaN step must be skipped
+        raise UserError(f"{src}: {why}; remove the setting (its default skips the step)")
     return ds_json, src, layout
 
 

@@ -22,6 +22,7 @@ from app.checkpoints import training as ckpt
 from app.checkpoints import universal
 from app.checkpoints.safety import verify_tag_files, weights_only_loads
 from app.checkpoints.warm_start import load_into, open_init_source
+from app.common import phase_clock
 from app.model.config import ModelConfig, flops_per_token
 from app.model.layers import RecurrentLayer
 from app.parallel.engine import Engine
@@ -76,6 +77,7 @@ def build_engine(
     """The DeepSpeed engine: stages split by `recorded_costs` (a checkpoint's) or by timing the layers on a
     typical micro-batch, `init_weights` loaded into each rank's part before DeepSpeed starts. Its lr is set
     before every step from the run's length (app/training/run_length.py)."""
+    phase_clock.mark("plan")
     cfg, layout = plan.cfg, plan.layout
     lengths = plan.data.store("train").lengths
     timing_len = max(8, int(np.median(lengths)))
@@ -83,7 +85,7 @@ def build_engine(
     ds_config = engine_config(plan.ds_json, layout)
     if load_universal:
         ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
-    return Engine(
+    engine = Engine(
         plan.model_cfg,
         layout,
         ds_config,
@@ -93,6 +95,8 @@ def build_engine(
         timing_shape=(max(1, timing_batch), timing_len),
         init_weights=init_weights,
     )
+    phase_clock.mark("deepspeed initialised")
+    return engine
 
 
 def init_source_of(path: str, model_cfg: ModelConfig, data: RunData):

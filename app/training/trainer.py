@@ -27,7 +27,7 @@ from app.checkpoints import training as ckpt
 from app.checkpoints import universal
 from app.checkpoints.run_lock import acquire_run_lock
 from app.checkpoints.warm_start import resumed_model_fields
-from app.common import faults
+from app.common import faults, phase_clock
 from app.common.errors import set_log_dir
 from app.common.files import atomic_write
 from app.common.logs import setup_logging
@@ -186,6 +186,7 @@ class Trainer:
             if epoch != plan_epoch:
                 plan, plan_epoch = schedule.epoch(epoch), epoch
             self.train_step(plan[k])
+            phase_clock.CLOCK.first_step(self._info)  # once: where the time to the first step went
             if st.consecutive_skips >= cfg.max_consecutive_skips:  # every rank agrees: the decision is global
                 return self._stop_non_finite()
             if length.validates_after(st.step):
