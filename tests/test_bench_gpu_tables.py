@@ -7,7 +7,7 @@ import sys
 
 from launcher import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT / "bench"))  # after the root: bench/data_prep.py must not hide the package
 import gpu_tables
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 from launcher import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT / "bench"))  # after the root: bench/data_prep.py must not hide the package
 triton = pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
 import kernel_report as kr  # noqa: E402  (bench/kernel_report.py)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from launcher import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT / "bench"))  # after the root: bench/data_prep.py must not hide the package
 import roofline
 
 from app.model.gpu_loops import PersistentLoop, SplitKLoop
