@@ -58,11 +58,12 @@ def test_cuda_default_is_torch_fused_adamw_and_builds_nothing(monkeypatch, tmp_p
     assert why.startswith("optimizer: torch.optim.AdamW (fused; no compile at start")
 
 
-def test_a_fusedadam_build_that_fails_falls_back_in_one_line(monkeypatch):
+def test_a_fusedadam_build_that_fails_falls_back_in_one_line(monkeypatch, tmp_path):
     """torch_adam false asks for DeepSpeed's FusedAdam: its real builder, under TORCH_CUDA_ARCH_LIST=9.0a, raises
     (DeepSpeed's ValueError on '0a', or no CUDA toolkit where there is none); torch's fused AdamW runs instead."""
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/nonexistent-mlstm-ds-test")  # nothing cached can mask it
+    monkeypatch.setenv("MLSTM_CACHE_DIR", str(tmp_path))  # our build folder, empty: nothing cached can mask it
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)  # the build points it at ours: restored after
     why = build_fused_adam()
     assert why is not None and "\n" not in why
     cfg = load_ds_json(GPU_JSON)
