@@ -168,22 +168,11 @@ def memory(recs: list[dict]) -> list[str]:
     out = ["#### GPU memory (`memory.py --device cuda`): estimate against torch's CUDA allocator, MiB", "",
            "| run | core | work | sizes | estimate | first run | estimate / first | again | estimate / again |",
            "|---|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    keep = (
-        "work",
-        "estimate",
-        "measured",
-        "ratio",
-        "seconds",
-        "device",
-        "reserved",
-        "left_allocated",
-        "again",
-        "tuner",
-        "core",
-    )
+    from memory import NOT_SIZES  # bench/memory.py: the row's fields that are not its sizes
+
     for r in recs:
         for x in r.get("rows", []):
-            sizes = ", ".join(f"{k} {v}" for k, v in x.items() if k not in keep)
+            sizes = ", ".join(f"{k} {v}" for k, v in x.items() if k not in NOT_SIZES)
             again = x.get("again")
             out.append(
                 f"| {label(r)} | {r.get('core', 'auto')} | {x['work']} | {sizes} | {_n(x['estimate'] / 2**20)} | "

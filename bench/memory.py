@@ -46,6 +46,11 @@ from collections.abc import Callable  # noqa: E402
 
 Work = Callable[[dict], tuple[int, Callable[[], object], Callable[[], object]]]
 MIB = 1 << 20
+# a row's fields that are not the work's sizes (a table lists the rest as "sizes"; bench/gpu_tables.py too)
+NOT_SIZES = frozenset(
+    {"work", "estimate", "measured", "ratio", "seconds", "device", "reserved", "left_allocated", "again",
+     "tuner", "core"}
+)  # fmt: skip
 
 
 # ---- measuring one work in this process (the child's side)
@@ -458,20 +463,9 @@ def table(rows: list[dict]) -> str:
         if cuda
         else "\n|---|---|---:|---:|---:|"
     )
-    skip = {
-        "work",
-        "estimate",
-        "measured",
-        "ratio",
-        "seconds",
-        "device",
-        "reserved",
-        "left_allocated",
-        "again",
-    }
     lines = []
     for r in rows:
-        line = (f"| {r['work']} | {', '.join(f'{k} {v}' for k, v in r.items() if k not in skip)} | "
+        line = (f"| {r['work']} | {', '.join(f'{k} {v}' for k, v in r.items() if k not in NOT_SIZES)} | "
                 f"{r['estimate'] / MIB:,.0f} | {r['measured'] / MIB:,.0f} | {r['ratio']:.2f} |")  # fmt: skip
         if cuda:
             line += f" {r['again'] / MIB:,.0f} | {r['estimate'] / max(1, r['again']):.2f} |"

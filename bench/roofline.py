@@ -84,17 +84,10 @@ def measure_ceilings(device) -> dict:
     1.6 TB/s, under the HBM copy's 3.0: the L2 figures of that run are not the L2's.)"""
     import torch
 
-    def best_ms(fn, reps: int = 10) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            z.record()
-            z.synchronize()
-            times.append(a.elapsed_time(z))
-        return min(times)
+    from app.model.gpu_ranking import time_ms
+
+    def best_ms(fn, reps: int = 10) -> float:  # a peak rate: the fastest of `reps` after one warm-up run
+        return time_ms(fn, reps, warmup=1, stat=min)
 
     def copy_gbs(floats: int) -> float:
         src, dst = (torch.empty(floats, dtype=torch.float32, device=device) for _ in range(2))

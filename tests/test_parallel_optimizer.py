@@ -62,7 +62,9 @@ def test_a_fusedadam_build_that_fails_falls_back_in_one_line(monkeypatch, tmp_pa
     """torch_adam false asks for DeepSpeed's FusedAdam: its real builder, under TORCH_CUDA_ARCH_LIST=9.0a, raises
     (DeepSpeed's ValueError on '0a', or no CUDA toolkit where there is none); torch's fused AdamW runs instead."""
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
-    monkeypatch.setenv("MLSTM_CACHE_DIR", str(tmp_path))  # our build folder, empty: nothing cached can mask it
+    monkeypatch.setenv(
+        "MLSTM_CACHE_DIR", str(tmp_path)
+    )  # our build folder, empty: nothing cached can mask it
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)  # the build points it at ours: restored after
     why = build_fused_adam()
     assert why is not None and "\n" not in why

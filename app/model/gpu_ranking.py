@@ -58,9 +58,12 @@ class Choice:
 Op = Callable[[Choice, list, "torch.Tensor | None"], None]
 
 
-def time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
-    """Median of `reps` runs timed with CUDA events, after `warmup` (compile, graph capture, first replay).
-    Off CUDA (Triton's interpreter, the CPU tests of this module) a wall clock stands in."""
+def time_ms(
+    fn, reps: int | None = None, warmup: int | None = None, stat: Callable = statistics.median
+) -> float:
+    """`stat` (the median; `min` for a peak rate) of `reps` runs timed with CUDA events, after `warmup` (compile,
+    graph capture, first replay). Off CUDA (Triton's interpreter, the CPU tests of this module) a wall clock
+    stands in."""
     reps, warmup = reps or REPS, WARMUP if warmup is None else warmup
     for _ in range(warmup):
         fn()
@@ -80,7 +83,7 @@ def time_ms(fn, reps: int | None = None, warmup: int | None = None) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return stat(times)
 
 
 def why(e: BaseException) -> str:

@@ -148,6 +148,12 @@ def _wg(m: int, nbytes: int, cc: int) -> bool:
     return cc >= 90 and nbytes == 2 and m > 0 and m % 64 == 0
 
 
+def _slices(name: str, programs: int, bu: int, bb: int, k: int, b: int, W: int, cc: int) -> Phase:
+    """A split-K phase's partial products: each program reads a (bu + bb) x k slice of weights and state and
+    writes its bu x bb partial sum (fp32) for the sum phase that follows."""
+    return Phase(name, programs, bu, bb, k, (bu + bb) * k * b + bu * bb * 4, W, _wg(bu, b, cc))
+
+
 def forward_phases(t, B: int, H: int, nbytes: int, streamed: bool, products: bool = True, cc: int = 90):
     """The forward's phases per time step with tiles `t` (app/model/gpu_tiles.Tiles; `products` off: the cuBLAS
     loop, whose kernels read its products back). Bytes per (unit, row) element of each epilogue: r reads pm and
@@ -157,8 +163,7 @@ def forward_phases(t, B: int, H: int, nbytes: int, streamed: bool, products: boo
     out = []
     if t.split_r > 1:
         k = _slice_k(H, t.split_r, t.bk)
-        out.append(Phase("r slices", t.n_rk(B, H), t.bu_rk, t.bb_rk, k,
-                         (t.bu_rk + t.bb_rk) * k * b + t.bu_rk * t.bb_rk * 4, W, _wg(t.bu_rk, b, cc)))  # fmt: skip
+        out.append(_slices("r slices", t.n_rk(B, H), t.bu_rk, t.bb_rk, k, b, W, cc))
         out.append(
             Phase("r sum", t.n_r(B, H), 0, t.bb_r, 0, t.bu_r * t.bb_r * (4 * t.split_r + 8 + b), E * (8 + b))
         )
@@ -186,8 +191,7 @@ def backward_phases(t, B: int, H: int, nbytes: int, streamed: bool, products: bo
     out = []
     if t.split_h > 1:
         k = _slice_k(H, t.split_h, t.bk)
-        out.append(Phase("dh slices", t.n_hk(B, H), t.bu_hk, t.bb_hk, k,
-                         (t.bu_hk + t.bb_hk) * k * b + t.bu_hk * t.bb_hk * 4, W, _wg(t.bu_hk, b, cc)))  # fmt: skip
+        out.append(_slices("dh slices", t.n_hk(B, H), t.bu_hk, t.bb_hk, k, b, W, cc))
         out.append(
             Phase("dh sum", t.n_h(B, H), 0, t.bb_h, 0, t.bu_h * t.bb_h * (4 * t.split_h + epi_h), hbm_h)
         )
