@@ -19,6 +19,7 @@ def counted(tmp_path_factory) -> dict:
     return _check("tuner_memory", tmp, TRITON_INTERPRET="1", MLSTM_MATMUL="mm", MLSTM_CACHE_DIR=str(tmp))
 
 
+@pytest.mark.long  # an interpreter run of minutes on 2 cores: `--all`
 def test_the_count_is_1x_to_2x_of_what_the_tuner_holds(counted):
     """fp32 and fp64, forward alone (inference) and forward and backward (training): the tuner's peak of live
     tensor bytes while it checks every candidate against float64 and times it, against the closed form."""

@@ -101,6 +101,7 @@ def test_a_barrier_that_gives_up_poisons_its_outputs_and_its_flag_drops_the_loop
     assert isinstance(r["again"], float) and r["again"] < 1e-12, r
 
 
+@pytest.mark.long  # an interpreter run of minutes on 2 cores: `--all`
 @pytest.mark.parametrize(
     "case, failed", [("wait_barrier_timeout_fwd", "forward"), ("wait_barrier_timeout_bwd", "backward")]
 )

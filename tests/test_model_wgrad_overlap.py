@@ -19,6 +19,7 @@ def overlapped(tmp_path_factory) -> dict:
     return _check("overlap", tmp_path_factory.mktemp("overlap"), TRITON_INTERPRET="1", MLSTM_MATMUL="mm")
 
 
+@pytest.mark.long  # an interpreter run of minutes on 2 cores: `--all`
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("chunks", ["3", "7", "50"])
 def test_the_overlapped_backward_gives_the_same_gradients(overlapped, loop, chunks):
