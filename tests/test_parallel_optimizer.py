@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from app.parallel.layout import load_ds_json
 from app.parallel.optimizer import build_fused_adam, choose_adam
 
@@ -20,10 +22,54 @@ def _no_build():
     raise AssertionError("the default must not build anything")
 
 
-def test_cpu_runs_and_offload_are_left_alone():
-    cfg = load_ds_json(GPU_JSON)
-    assert choose_adam(cfg, "cpu", False) == (cfg, "optimizer: DeepSpeed FusedAdam (AdamW, its CPU build)")
-    assert choose_adam(cfg, "cuda", True)[1] == "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
+def test_cpu_runs_and_offload_keep_their_adam_and_prebuild_its_op():
+    """The JSON's Adam is kept on the CPU and under offload; the C++ op it loads is built first (under our
+    build lock: test_a_cpu_adam_op_is_built_under_our_lock_past_a_killed_builds_lock)."""
+    cfg, built = load_ds_json(GPU_JSON), []
+    assert choose_adam(cfg, "cpu", False, prebuild=built.append) == (
+        cfg,
+        "optimizer: DeepSpeed FusedAdam (AdamW, its CPU build)",
+    )
+    assert (
+        choose_adam(cfg, "cuda", True, prebuild=built.append)[1]
+        == "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
+    )
+    assert built == ["FusedAdamBuilder", "CPUAdamBuilder"]
+
+
+_KILLED_BUILD = """
+import json
+from app.common.logs import setup_logging
+from app.common.toolchain import build_directory, use_own_extensions_dir
+from app.parallel.optimizer import prebuild_cpu_op
+setup_logging()
+use_own_extensions_dir()
+folder = build_directory("cpu_adam")
+folder.mkdir(parents=True, exist_ok=True)
+(folder / "lock").write_text("")  # what a build killed mid-way leaves: torch's loader waits on it for ever
+prebuild_cpu_op("CPUAdamBuilder")
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+import torch
+p = torch.nn.Parameter(torch.ones(4))
+opt = DeepSpeedCPUAdam([p], lr=0.1)
+p.grad = torch.ones(4)
+opt.step()
+print(json.dumps({"p": p.detach().tolist(), "lock_left": (folder / "lock").exists()}))
+"""
+
+
+@pytest.mark.long  # a C++ build of a minute or more on 2 cores: `--all`
+def test_a_cpu_adam_op_is_built_under_our_lock_past_a_killed_builds_lock(tmp_path):
+    """DeepSpeedCPUAdam's op (ZeRO CPU offload) is built in our folder under our build lock: a `lock` file a
+    killed build left is removed with one warning, where torch's loader would have waited on it for ever."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MLSTM_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", _KILLED_BUILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["lock_left"] is False
+    assert all(abs(v - 0.9) < 1e-6 for v in got["p"]), got  # one Adam step of lr 0.1 from 1.0: 0.9
+    assert p.stderr.count("left by a build that was killed") == 1, p.stderr[-3000:]
 
 
 def test_a_cpu_config_asking_for_torch_adam_is_named_as_torch_adamw():

@@ -12,9 +12,12 @@ without nvcc, and fails on common images with nvcc: DeepSpeed cannot parse an ar
   config, and a failed build falls back to torch's fused AdamW with one line saying why (all ranks agree);
 - `torch_adam: true` is kept; `fused: true` is added unless the JSON sets `fused` or `foreach`.
 
-Every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs are left alone: on the CPU DeepSpeed
-builds torch's AdamW where the JSON sets `torch_adam: true` (ds_configs/cpu_*.json), else its CPU FusedAdam (built
-with the C++ compiler the fused core already needs); the line says which.
+Every non-Adam optimizer, CPU offload (DeepSpeedCPUAdam) and CPU runs keep what the JSON says: on the CPU
+DeepSpeed builds torch's AdamW where the JSON sets `torch_adam: true` (ds_configs/cpu_*.json), else its CPU
+FusedAdam (built with the C++ compiler the fused core already needs); the line says which. The C++ op such a
+run needs (DeepSpeedCPUAdam's `cpu_adam`, the CPU FusedAdam's `fused_adam`) is built here first, in our folder
+and under our build lock (`prebuild_cpu_op`, app/common/toolchain.py): a build killed earlier cannot leave a
+`lock` file that every later start waits on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,22 @@ import copy
 from collections.abc import Callable
 
 from app.common.toolchain import prebuild_deepspeed_op
+
+
+def prebuild_cpu_op(builder_name: str) -> None:
+    """Build (or load) DeepSpeed's C++ op `builder_name` ("CPUAdamBuilder", "FusedAdamBuilder" of the CPU
+    accelerator) under our build lock, before DeepSpeed loads it. Where the op does not apply here nothing is
+    built; a failed build is left for DeepSpeed's own load to report, as it would without this."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(builder_name)
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return
+    try:
+        prebuild_deepspeed_op(builder)
+    except Exception:  # DeepSpeed's own load raises the same, with its message
+        return
 
 
 def _prebuilt() -> bool:
@@ -62,9 +81,11 @@ def choose_adam(
     offload: bool,
     agree: Callable[[bool], bool] = lambda ok: ok,
     build: Callable[[], str | None] = build_fused_adam,
+    prebuild: Callable[[str], None] = prebuild_cpu_op,
 ) -> tuple[dict, str]:
     """(the DeepSpeed config to build with, one line saying which Adam runs and why). `agree(ok)`: whether
-    every rank's build succeeded (a collective under the launcher); `build`: builds FusedAdam or says why not."""
+    every rank's build succeeded (a collective under the launcher); `build`: builds FusedAdam or says why not;
+    `prebuild(name)`: builds the C++ op an offloaded or CPU DeepSpeed Adam loads."""
     opt = ds_config.get("optimizer") or {}
     kind = str(opt.get("type", "")).lower()
     if kind not in ("adam", "adamw"):
@@ -78,7 +99,9 @@ def choose_adam(
         if params.get("torch_adam") is True:
             return ds_config, f"optimizer: {torch_name} (torch_adam set in the DeepSpeed config{where})"
         if offload:
+            prebuild("CPUAdamBuilder")
             return ds_config, "optimizer: DeepSpeedCPUAdam (ZeRO CPU offload)"
+        prebuild("FusedAdamBuilder")
         return ds_config, f"optimizer: DeepSpeed FusedAdam ({opt['type']}, its CPU build)"
     if params.get("torch_adam") is True:
         out = _torch_fused(ds_config)
