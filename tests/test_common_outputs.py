@@ -486,6 +486,21 @@ def test_features_onto_a_full_disk_are_one_line_not_a_crash(world, small_disk, t
     assert list((tmp_path / "work").glob("part-*.npy"))  # kept for the rerun
 
 
+def test_a_feature_cache_onto_a_full_disk_leaves_nothing_behind(small_disk):
+    """transfer's feature cache (app/probing/features.py) is written whole or not at all: on a full disk the
+    write raises and no partial file is left in the cache folder (it left `<key>.tmp.npy` before)."""
+    from app.probing.features import FeatureSets, cached_or_featurize
+
+    mnt, fill = small_disk
+    fill(16 << 10)
+    feats = {"final_cell": np.ones((64, 256), dtype=np.float32)}  # 64 KiB: more than the room left
+    with pytest.raises(OSError):
+        cached_or_featurize(
+            {"final_cell": mnt / "cache" / "k.npy"}, 64, 256, lambda: FeatureSets(feats, 64, 0.0, False)
+        )
+    assert [q.name for q in (mnt / "cache").iterdir()] == []
+
+
 @pytest.mark.parametrize("name", ["export", "import"])
 def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(name, world, small_disk, capsys):
     """No half-written folder under its name or any other: one line, and the disk as it was. At 087d2a2:

@@ -16,6 +16,7 @@ import torch
 
 from app.classifier.features import batch_feature_sets, chunked_feature_sets, length_batches
 from app.classifier.spec import FEATURES
+from app.common import outputs
 from app.common.logs import progress_bar
 from app.model.lm import LanguageModel
 
@@ -114,16 +115,14 @@ def _load(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
 
 def cached_or_featurize(paths: dict[str, Path], n_rows: int, width: int, compute) -> FeatureSets:
     """Read every kind's (n_rows, width) float32 array from `paths`; when one is missing, `compute()` them
-    all (one pass gives every kind) and save each atomically."""
+    all (one pass gives every kind) and save each whole (app/common/outputs.new_file)."""
     got = {k: _load(p, (n_rows, width)) for k, p in paths.items()}
     if all(a is not None for a in got.values()):
         return FeatureSets(got, 0, 0.0, True)
     res = compute()
     for k, path in paths.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, res.features[k], allow_pickle=False)
-        tmp.replace(path)
+        with outputs.new_file(path) as tmp:  # whole or not at all: nothing left behind by a full disk
+            np.save(tmp, res.features[k], allow_pickle=False)
     return res
 
 
