@@ -225,7 +225,8 @@ def source_hash() -> str:
     """What a build's resources depend on besides its configuration: the kernels' source."""
     import hashlib
 
-    return hashlib.sha256((ROOT / "app" / "model" / "triton_kernels.py").read_bytes()).hexdigest()[:16]
+    files = ("triton_kernels.py", "triton_parts.py")
+    return hashlib.sha256(b"".join((ROOT / "app" / "model" / f).read_bytes() for f in files)).hexdigest()[:16]
 
 
 def config_key(entry: dict) -> str:

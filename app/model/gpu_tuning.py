@@ -325,6 +325,7 @@ def _code_files() -> tuple[str, ...]:
         "gpu_ranking.py",
         "gpu_verify.py",
         "triton_kernels.py",
+        "triton_parts.py",
         "gpu_tuning.py",
         "triton_core.py",
         "mlstm_core.py",
