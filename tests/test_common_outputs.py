@@ -409,6 +409,24 @@ def test_a_run_folder_of_the_users_gets_the_run_in_a_subfolder(world, tmp_path, 
     assert (mine / "config.json").read_text() == '{"the user": "config"}'
 
 
+def test_a_run_folder_our_slurm_script_made_is_the_runs_own(world, tmp_path, capsys):
+    """launch/slurm_train.sbatch writes the job's hostfile into OUT and links its log there before the run
+    starts: the run is written into OUT itself (it went to OUT/run, and a requeued job's resume looked in
+    OUT); a folder that holds a file of the user's beside them still gets the subfolder."""
+    out = tmp_path / "slurm-run"
+    out.mkdir()
+    (out / "hostfile-17").write_text("localhost slots=2\n")
+    (out / "slurm-17.out").symlink_to(tmp_path / "job-17.out")
+    argv = ["--data", world.data, "--out", out, *TRAIN_FLAGS, "--dry-run"]
+    assert command("train")([str(a) for a in argv]) == 0
+    got = capsys.readouterr().out
+    assert json.loads(got[got.index("{") :])["train"]["out"] == str(out)
+    (out / "notes.txt").write_text("the user's\n")
+    assert command("train")([str(a) for a in argv]) == 0
+    got = capsys.readouterr().out
+    assert json.loads(got[got.index("{") :])["train"]["out"] == str(out / "run")
+
+
 # ---- a full disk mid-run: one line; what was written stays resumable or, if it is ours, is removed
 
 
