@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from launcher import SUITE_CACHE
 from runs import FAKE_WANDB_KEY, REF_STEPS, TINY_PREP_ARGS, Runs
 
 __all__ = ["FAKE_WANDB_KEY", "REF_STEPS", "TINY_PREP_ARGS"]  # what test files import from here
 pytest_plugins = ["timings", "tiers"]  # `pytest --timings FILE`; the tiers and the order
+
+
+os.environ.setdefault("MLSTM_CACHE_DIR", SUITE_CACHE)  # this process builds where its launches load from
 
 
 def _cpu_for_launched_processes() -> None:

@@ -17,6 +17,9 @@ BIN = Path(sys.executable).parent
 CPU_CONFIG = ROOT / "ds_configs" / "cpu_pp2_zero1.json"
 FAST_START = ROOT / "tests" / "fast_start"  # its sitecustomize.py: the launched processes' start-up saving
 TIMEOUT = 300
+# our cache folder (builds, the matmul peak) for the suite's own process and every process it starts: the fused
+# core built once up front (conftest.py) is the one the launches load, not built again inside a test's time-out
+SUITE_CACHE = str(Path(tempfile.gettempdir()) / f"mlstm-ds-suite-cache-{os.getuid()}")
 
 
 def free_port() -> int:
@@ -32,7 +35,7 @@ def env(**extra: str) -> dict[str, str]:
     e.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MLSTM_MATMUL="mm")
     e.pop("MLSTM_DS_FAULTS", None)
     # the machine's matmul peak (app/training/peak_flops.py) measured under the suite's load stays the suite's
-    e.setdefault("MLSTM_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"mlstm-ds-suite-cache-{os.getuid()}"))
+    e.setdefault("MLSTM_CACHE_DIR", SUITE_CACHE)
     if not torch_sees_an_accelerator():  # as launch/setup_env.sh does: one decision, no warning per process
         e.setdefault("DS_ACCELERATOR", "cpu")
     # the harness's start-up saving (tests/fast_start/sitecustomize.py): no TorchDynamo or TorchInductor import

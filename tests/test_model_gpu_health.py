@@ -157,6 +157,7 @@ def _health_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "grid barrier gave up" in ln]
 
 
+@pytest.mark.long  # a training run in Triton's interpreter: the poison path itself is checked above
 def test_the_trainer_skips_a_poisoned_step_as_a_nan_step_and_names_the_loop(tiny_runs):
     """Step 2's forward ran a loop whose barrier gave up: its loss is NaN, the trainer's non-finite rule skips
     it (DeepSpeed applied no update), one warning line names the loop, and the run goes on with the next loop:
