@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +31,13 @@ def many_texts(path, n: int):
     return path
 
 
+def _ctrl_c_as_on_a_terminal() -> None:
+    """The child starts with SIGINT's default action, as a command typed at a terminal does: a suite started
+    in the background (`nohup ... &`, a CI runner) has SIGINT ignored, which every child inherits, and Python
+    then leaves it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_that_says_how_to_resume(clf, tmp_path):
     src = many_texts(tmp_path / "in.txt", 200)
     out = tmp_path / "labels.csv"
@@ -43,13 +51,25 @@ def test_ctrl_c_is_one_line_that_says_how_to_resume(clf, tmp_path):
         "--chunk-rows",
         "20",
     ]
-    p = subprocess.Popen([*args, "--output", str(out)], cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after_part=2"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    parts, deadline = tmp_path / "labels.csv.parts", time.time() + 600
-    while len(list(parts.glob("part-*.json"))) < 2 and p.poll() is None and time.time() < deadline:
+    p = subprocess.Popen([*args, "--output", str(out)], cwd=ROOT, env=env(MLSTM_DS_FAULTS="hang_after_part=2", PYTHONFAULTHANDLER="1"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_ctrl_c_as_on_a_terminal)  # fmt: skip
+    parts, t0 = tmp_path / "labels.csv.parts", time.monotonic()
+    while len(list(parts.glob("part-*.json"))) < 2 and p.poll() is None and time.monotonic() < t0 + 600:
         time.sleep(0.1)
+    seen = sorted(q.name for q in parts.glob("*")) if parts.is_dir() else []
+    assert len([n for n in seen if n.startswith("part-") and n.endswith(".json")]) >= 2, (
+        f"after {time.monotonic() - t0:.1f} s, exit status {p.poll()}: {seen} in {parts}; "
+        f"{sorted(q.name for q in tmp_path.iterdir())} in {tmp_path}"
+    )
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C on a terminal does: the whole foreground group
-    _, err = p.communicate(timeout=120)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # every thread's stack (faulthandler on SIGABRT) and the signal masks
+        status = [ln for ln in Path(f"/proc/{p.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
+        os.kill(p.pid, signal.SIGABRT)
+        err = p.communicate(timeout=60)[1]
+        pytest.fail(f"classify did not stop within 120 s of Ctrl-C: {status}\n{err[-6000:]}")
     assert p.returncode == 130, err[-3000:]
     lines = said_lines(err)
     assert lines == [
