@@ -31,17 +31,14 @@ from app.common.toolchain import prebuild_deepspeed_op
 def prebuild_cpu_op(builder_name: str) -> None:
     """Build (or load) DeepSpeed's C++ op `builder_name` ("CPUAdamBuilder", "FusedAdamBuilder" of the CPU
     accelerator) under our build lock, before DeepSpeed loads it. Where the op does not apply here nothing is
-    built; a failed build is left for DeepSpeed's own load to report, as it would without this."""
+    built; a failed build raises here, as DeepSpeed's own load would (never built twice)."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder(builder_name)
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         return
-    try:
-        prebuild_deepspeed_op(builder)
-    except Exception:  # DeepSpeed's own load raises the same, with its message
-        return
+    prebuild_deepspeed_op(builder)
 
 
 def _prebuilt() -> bool:
