@@ -14,7 +14,8 @@
 #             project itself (editable, no dependencies)
 #   warm      bench/warm_gpu.py: the layer's and the training runs' shapes dispatched once (Triton's kernels into
 #             TRITON_CACHE_DIR, the rankings into MLSTM_CACHE_DIR: every candidate of both tilings compiled);
-#             beside it, the GPU tests of the poisoned barrier and the overlapped weight gradients, and (niced)
+#             beside it, the GPU tests of the poisoned barrier, the overlapped weight gradients and the op's CUDA
+#             graphs, and (niced)
 #             the training data
 #   layer     bench/mlstm_layer.py --device cuda at B16 H256, B64 H1024 and B128 H4096: the Triton core's loops,
 #             the reference core, cuDNN's LSTM, each beside its roofline, and the old host wait on and off
@@ -120,8 +121,8 @@ step install 45 30 bash -c "python -m pip install -q --no-index --no-deps --no-c
 
 PREP_CMD="nice -n 19 python -m data_prep --out $WORK/data_spm --max-seq-len 256 --quiet &&
   nice -n 19 python -m data_prep --out $WORK/data_byte --max-seq-len 256 --tokenizer byte --quiet"
-GPU_TESTS="python -m pytest -q -p no:cacheprovider -m gpu -k 'barrier or overlap or poison'
-  tests/test_model_triton_core.py tests/test_model_wgrad_overlap.py"
+GPU_TESTS="python -m pytest -q -p no:cacheprovider -m gpu -k 'barrier or overlap or poison or op_graph'
+  tests/test_model_triton_core.py tests/test_model_wgrad_overlap.py tests/test_model_op_graph.py"
 # the data and the new kernels' gpu tests beside the warm-up (nothing of them timed)
 step warm 105 60 bash -c "($PREP_CMD) >'$LOGS/prep.log' 2>&1 & prep=\$!
   ($GPU_TESTS) >'$LOGS/gpu_tests.log' 2>&1 & tests=\$!
@@ -151,7 +152,7 @@ if [ "$DRY" = 0 ]; then
   say ""
   say "JSON lines: $(wc -l <"$OUT/results.jsonl" 2>/dev/null || echo 0) in results.jsonl (bench/gpu_tables.py --add)"
   wanted report && cp bench/results/kernel_report.json "$OUT/kernel_report.json" 2>/dev/null
-  grep -h -E "mLSTM core on|optimizer:|first step|grid barrier|gpu tests|samples @" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
+  grep -h -E "mLSTM core on|optimizer:|first step|grid barrier|gpu tests|samples @|CUDA graphs" "$LOGS"/*.log "$WORK"/train/*.log 2>/dev/null \
     | cut -c1-400 | sort -u >"$LOGS/highlights.txt"
   tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d train/*.log qs/metrics.jsonl qs/*.json 2>/dev/null)
 fi

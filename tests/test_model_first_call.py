@@ -59,16 +59,17 @@ def test_only_a_new_shape_on_cuda_costs_a_first_call(nothing_ranked, monkeypatch
 def test_the_gpu_estimates_add_it_and_the_cpu_ones_do_not(nothing_ranked):
     from app.generation.config import generation_bytes
     from app.generation.decoder import prefill_tokens
-    from app.probing.bounds import featurize_bytes, finetune_bytes
+    from app.probing.bounds import featurize_bytes, finetune_bytes, largest_batch
 
     cuda = torch.device("cuda", 0)
     seqs = [np.arange(600) % 200 for _ in range(64)]
-    for fn, args, rows, backward in (
-        (featurize_bytes, (seqs, 8192, CFG, 1), 13, False),
-        (finetune_bytes, (seqs, 8192, 8, CFG, 1), 8, True),
+    graphs = first_call.op_graph_bytes(CFG, largest_batch(seqs, 8192, 8)[0], cuda)  # fine-tuning's op graphs
+    for fn, args, rows, backward, more in (
+        (featurize_bytes, (seqs, 8192, CFG, 1), 13, False, 0),
+        (finetune_bytes, (seqs, 8192, 8, CFG, 1), 8, True, graphs),
     ):
         extra = fn(*args, device=cuda) - fn(*args, device="cpu")
-        assert extra == first_call.first_call_bytes(CFG, rows, cuda, backward), fn.__name__
+        assert extra == first_call.first_call_bytes(CFG, rows, cuda, backward) + more, fn.__name__
     extra = generation_bytes(2000, 21, 20, CFG, cuda) - generation_bytes(2000, 21, 20, CFG, "cpu")
     group_rows = prefill_tokens(CFG) // 21  # the prompts a prefill group reads at once: its bucket is timed
     assert extra == first_call.first_call_bytes(CFG, group_rows, cuda, backward=False) > 0

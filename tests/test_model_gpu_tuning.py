@@ -27,9 +27,13 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tunin
     """gpu_tuning's logic (in the interpreter, a wall clock for CUDA events): every loop checked against the
     float64 reference and timed each way in the whole op, none left out, each also timed alone beside the
     traffic model's time for its tiles (none for cuBLAS's), a loop that computes something else left out with
-    why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line."""
+    why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line;
+    the op's CUDA graphs tried, and why they do not run here."""
     out = tuning
     ranked = {k: v for k, v in out["choice"].items() if k.startswith(("fwd/", "bwd/"))}
+    # training's op through CUDA graphs: tried after the ranking, none in the interpreter, said why
+    assert out["op_graph"] is False
+    assert out["choice"]["graph/op"] == "Unavailable: Triton's interpreter has no CUDA graphs", out["choice"]
     assert set(ranked) == TIMED and all(isinstance(v, float) for v in ranked.values()), out["choice"]
     assert all(isinstance(out["choice"][f"loop/{k}"], float) for k in TIMED), out["choice"]
     modelled = {k for k in TIMED if not k.endswith("/cublas")}
@@ -45,6 +49,9 @@ def test_the_ranking_is_logged_with_each_loops_tiles_and_three_times(tuning):
     """One line: each loop with its tiles (the l2 candidate's split phases: ways and sum tiles) and its ms for
     T_TUNE steps in the whole op, alone and by the traffic model."""
     (line,) = tuning["ranked_line"]
+    assert line.endswith(
+        "; the whole op as CUDA graphs: not run (Unavailable: Triton's interpreter has no CUDA graphs)"
+    ), line
     assert line.startswith(
         "ranked the mLSTM core's GPU loops for B16 H20 float32 (ms for T=3: whole op / loop"
     )

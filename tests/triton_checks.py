@@ -6,7 +6,7 @@ against the float64 reference (app/model/reference.py, autograd through a per-st
 shapes, in float64, float32 and bfloat16 (the bf16 Python core's own error beside it), a multi-tile shape, a
 right-padded batch against its rows run alone, and the dispatcher's choice. Prints one JSON object.
 
-`python tests/triton_checks.py tuning` / `faults` (TRITON_INTERPRET=1): the tuner's logic (every candidate
+`python tests/triton_checks.py tuning` / `faults` / `op_graph` (TRITON_INTERPRET=1): the tuner's logic (every candidate
 checked against float64, then timed by a wall clock) and the failure paths: a grid barrier that "times out", a
 loop that raises at launch, a wrong loop, and cache entries that are corrupt, foreign or wrong; each must give
 the right answer through a fallback with one warning line.
@@ -199,7 +199,11 @@ def tuning() -> dict:
     _keep_log("app.model.gpu_tuning", logging.INFO, lines)
     dev = torch.device("cpu")
     choice = gpu_tuning._tune(16, 7, 20, torch.float32, dev, True, run_op)
-    out: dict = {"choice": choice.times, "checked": sorted(map(list, choice.checked))}
+    out: dict = {
+        "choice": choice.times,
+        "checked": sorted(map(list, choice.checked)),
+        "op_graph": choice.op_graph,
+    }
     out["ranked_line"] = [ln for ln in lines if ln.startswith("ranked the mLSTM core's GPU loops")]
     loops = gpu_tuning.candidates(16, 20, torch.float32, dev)
     times: dict = {}
@@ -334,7 +338,7 @@ def faults() -> dict:
             f.write("{not json")
 
     def foreign() -> None:
-        _store_entry({"fwd": ["warp9"], "bwd": ["persistent"], "python": False})
+        _store_entry({"fwd": ["warp9"], "bwd": ["persistent"], "python": False, "op_graph": False})
 
     case("cache_corrupt", "", before=corrupt)
     case("cache_foreign", "", before=foreign)
@@ -347,7 +351,7 @@ def faults() -> dict:
         b["hs"][1:, -1].mul_(1.5)
 
     def wrong_cached() -> None:
-        _store_entry({"fwd": ["step", "cublas"], "bwd": ["cublas"], "python": False})
+        _store_entry({"fwd": ["step", "cublas"], "bwd": ["cublas"], "python": False, "op_graph": False})
         gpu_tuning.StepLoop.forward = wrong_step
 
     case("cache_wrong", "", before=wrong_cached)
@@ -495,6 +499,71 @@ def tuner_memory() -> dict:
     return out
 
 
+def op_graph() -> dict:
+    """The op's CUDA graphs without a GPU (Triton's interpreter has no graphs): the tuner says why they do not
+    run; a cached ranking that has them checks them at the hit and runs without them, in one line; the check
+    of a graph's replay (gpu_verify.check_op) passes an op whose graph path is right and fails one that
+    replays the capture's inputs or hands on outputs a later replay rewrites; op_graph.call_bytes against the
+    op's own tensors each way."""
+    from dataclasses import replace
+
+    from app.model import gpu_ranking, gpu_tuning, gpu_verify, op_graph, triton_core
+
+    gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 3, 1, 0, 3
+    lines: list[str] = []
+    _keep_log("app.model.gpu_tuning", logging.INFO, lines)
+    dev, f64 = torch.device("cpu"), torch.float64
+    choice = gpu_tuning._forced(16, 20, f64, dev)  # MLSTM_GPU_LOOP's (persistent), untimed
+    gpu_ranking.rank_graph(choice, 16, 7, 20, f64, dev, triton_core.run_op)
+    out: dict = {"tuned": [choice.op_graph, choice.times["graph/op"], gpu_tuning.graph_words(choice)]}
+    out["check_op"] = {kind: gpu_verify.check_op(_emulated(kind), replace(choice, op_graph=True), 16, 7, 20, f64,
+                                                 dev) for kind in ("right", "stale", "uncloned")}  # fmt: skip
+    del lines[:]
+    _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, "op_graph": True})
+    hit = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op)
+    out["cache_hit"] = [hit.op_graph, [ln for ln in lines if "CUDA graphs" in ln]]
+    _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False})  # an entry from before them
+    out["cache_old"] = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op) is None
+    out["bytes"] = {}
+    for dt, (B, T, D, H) in ((torch.float32, (5, 4, 7, 12)), (torch.bfloat16, (3, 6, 16, 8))):
+        leaves, dy = gpu_verify.op_case(B, T, D, H, dt, dev, True, seed=0)
+        fwd = triton_core._fwd_outputs(choice, *leaves)
+        _, _, kept = triton_core._run_forward(choice, leaves, (), grad=True)
+        bwd = triton_core._grad_outputs(choice, True, dy, *kept)
+        counted = [op_graph.nbytes([*leaves, *fwd]), op_graph.nbytes([dy, *kept, *bwd])]
+        out["bytes"][str(dt)] = [counted, op_graph.call_bytes(B * T, D, H, dt.itemsize)]
+    return out
+
+
+def _emulated(kind: str):
+    """The op with its graph path played by the eager op: as it should be ("right"), replaying the inputs of
+    the call that captured ("stale"), or handing on the same output tensors each call ("uncloned")."""
+    from dataclasses import replace
+
+    from app.model.triton_core import run_op
+
+    calls: list = []
+
+    def op(choice, leaves, dy):
+        plain = replace(choice, op_graph=False)
+        if not choice.op_graph:
+            return run_op(plain, leaves, dy)
+        calls.append((leaves, dy))
+        if kind == "stale":
+            return run_op(plain, *calls[min(1, len(calls) - 1)])
+        h, grads = run_op(plain, leaves, dy)
+        if kind == "uncloned" and len(calls) > 1:
+            if len(calls) == 2:
+                op.static = (h, grads)
+            else:
+                for a, b in zip([op.static[0], *op.static[1]], [h, *grads]):
+                    a.copy_(b)
+            return op.static
+        return h, grads
+
+    return op
+
+
 def _wrong_fallbacks(case, step_forward, wrong_step) -> None:
     """A forced loop that is wrong here, and the first loop it falls back to too: each is checked before its
     first run, the user gets the third loop's right result, one line each. A cached ranking whose first loop
@@ -512,7 +581,12 @@ def _wrong_fallbacks(case, step_forward, wrong_step) -> None:
     try:
         case("forced_wrong", "step")
         gpu_tuning.StepLoop.forward = step_forward
-        fallback = {"fwd": ["persistent", "cublas", "step"], "bwd": ["persistent", "cublas"], "python": False}
+        fallback = {
+            "fwd": ["persistent", "cublas", "step"],
+            "bwd": ["persistent", "cublas"],
+            "python": False,
+            "op_graph": False,
+        }
         case("cache_fallback_wrong", "", before=lambda: _store_entry(fallback))
     finally:
         gpu_tuning.StepLoop.forward, gpu_tuning.CublasLoop.forward = step_forward, cublas_forward
@@ -546,7 +620,7 @@ def _worst(errs: list[float]) -> float:
 
 
 CHECKS = {"parity": parity, "tuning": tuning, "faults": faults, "poison": poison, "overlap": overlap,
-          "tuner_memory": tuner_memory}  # fmt: skip
+          "tuner_memory": tuner_memory, "op_graph": op_graph}  # fmt: skip
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[1]]()))

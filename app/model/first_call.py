@@ -16,10 +16,13 @@ Read from the code (gpu_ranking.rank, gpu_verify, gpu_loops, triton_core.run_op)
     F, G, R  each loop timed alone (gpu_ranking._alone) on the timed forward case (gpu_verify.forward_case:
        (2s + 12S) u and the weights 5 H^2 s), the backward case ((6s + 8S) u) and the float64 reference forward
        it is made from (112 u)
+    Q  training: the whole op timed through its CUDA graphs (app/model/op_graph.py), beside A and W: the graph's
+       static inputs and outputs and the copies handed on (2 op_graph.call_bytes at T_TUNE; none where a call is
+       too large for a graph)
     P  the whole op timed against the reference core (prefers_reference, core "auto"): the reference's autograd
        at T_TUNE, counted as a layer's training activations (in + 17 H floats a token), beside W
 
-    peak = max(C, A + W, A + F (+ R + G backward), P)
+    peak = max(C, A + W + Q, A + F (+ R + G backward), P)
 
 A shape whose ranking is in the disk cache (gpu_choice_cache) is only checked: C. One already ranked in this
 process costs nothing. tests/test_model_first_call.py holds the count to 1x-2x of what the tuner's tensors
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from app.model import op_graph
 from app.model.config import ModelConfig
 from app.model.gpu_tiles import interpreting, next_pow2
 
@@ -41,10 +45,11 @@ def bucket(rows: int) -> int:
 
 
 def tuner_bytes(B: int, H: int, D: int, s: int, backward: bool, graphs: bool, steps: int, check_steps: int,
-                op: bool = True) -> int:  # fmt: skip
+                op: bool = True, op_graphs: bool = False) -> int:  # fmt: skip
     """The tuner's peak device bytes for a (bucket B, width H, input D) shape whose operands take `s` bytes,
     timed at `steps` steps and checked at `check_steps` (module docstring: F, G, R, C, W, A, P); `graphs`: CUDA
-    graphs run (arenas held); `op`: the whole op is timed against the reference core."""
+    graphs run (arenas held); `op`: the whole op is timed against the reference core; `op_graphs`: the op's own
+    graphs may run (app/model/op_graph.py: timed through them in training)."""
     S = 8 if s == 8 else 4
     u, c, w = B * steps * H, B * check_steps * H, 5 * H * H * s
     F, G, R = (2 * s + 12 * S) * u + w, (6 * s + 8 * S) * u + w, 112 * u
@@ -62,7 +67,29 @@ def tuner_bytes(B: int, H: int, D: int, s: int, backward: bool, graphs: bool, st
     )  # the graphed loops' arenas, MAX_ARENAS at most
     alone = F + (R + G if backward else 0) + k  # each loop timed alone on the timed cases
     P = (4 * (D + 17 * H) * B * steps + W) if op else 0
-    return max(C + (c * (2 * s + 12 * S) if graphs else 0), A + W, A + alone, P)
+    call = op_graph.call_bytes(B * steps, D, H, s)
+    timed_graphs = op_graphs and backward and not op_graph.too_large(call)
+    Q = (
+        2 * call if timed_graphs else 0
+    )  # the op timed through its graphs: their tensors, the copies handed on
+    return max(C + (c * (2 * s + 12 * S) if graphs else 0), A + W + Q, A + alone, P)
+
+
+def op_graph_bytes(cfg: ModelConfig, tokens: int, device, element: int = 4) -> int:
+    """What the op's CUDA graphs hold while training on `device` with micro-batches of at most `tokens` padded
+    tokens (0 off CUDA, for the reference core, or where the graphs are off): the kept graphs' static tensors
+    (at most op_graph.MAX_BYTES; a layer's two widths, forward and backward, 4 graphs of the largest call)
+    and their shared pool (a call's temporaries, about twice its static tensors). A shape whose tuner finds
+    the graphs slower holds nothing; this counts them wherever they may run."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda" or cfg.cell != "mlstm" or cfg.core == "python":
+        return 0
+    if op_graph.why_not(dev) is not None:
+        return 0
+    D = max(cfg.embed_dim, cfg.hidden_dim if cfg.num_layers > 1 else 0)
+    call = op_graph.call_bytes(tokens, D, cfg.hidden_dim, element)
+    cap = op_graph.MAX_BYTES
+    return min(cap, 4 * call) + min(2 * call, cap)
 
 
 def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, element: int = 4) -> int:
@@ -83,7 +110,10 @@ def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, elemen
     t = gpu_verify.T_CHECK
     if _cached(B, H, dtype, dev):  # only checked: the checks' own buffers
         return tuner_bytes(B, H, D, element, backward, graphs=False, steps=0, check_steps=t, op=False)
-    return tuner_bytes(B, H, D, element, backward, graphs, gpu_ranking.T_TUNE, t, op=cfg.core == "auto")
+    op_graphs = graphs and op_graph.why_not(dev) is None
+    return tuner_bytes(
+        B, H, D, element, backward, graphs, gpu_ranking.T_TUNE, t, cfg.core == "auto", op_graphs
+    )
 
 
 def _cached(B: int, H: int, dtype: torch.dtype, device) -> bool:

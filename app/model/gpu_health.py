@@ -34,6 +34,7 @@ R = TypeVar("R")
 SLOTS = 16  # rows of a device's flag tensor at first (it grows): shapes x directions x barrier loops
 _flags: dict[torch.device, torch.Tensor] = {}  # device -> (slots, 2) int32 [arrivals, failed]
 _slots: dict[tuple, int] = {}  # (device, id(ranking), loop label) -> row
+_generation = [0]  # flag tensors made so far: a graph captured over an older one is captured again
 _owners: dict[
     tuple[torch.device, int], tuple[list, object, str]
 ] = {}  # (device, row) -> (ranking, loop, what)
@@ -56,11 +57,24 @@ def flag(device: torch.device, ranking: list, loop, what: str) -> torch.Tensor:
         _owners[(device, row)] = (ranking, loop, what)  # holds the ranking: its id stays its own
     flags = _flags.get(device)
     if flags is None or flags.shape[0] <= row:
+        if (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ):  # it would live in the graph's pool
+            raise RuntimeError(
+                "a GPU loop's health flag is new inside a CUDA graph capture: run it eagerly first"
+            )
         grown = torch.zeros(max(SLOTS, 2 * (row + 1)), 2, dtype=torch.int32, device=device)
         if flags is not None:
             grown[: flags.shape[0]].copy_(flags)  # on the device, in stream order: no host wait
         flags = _flags[device] = grown
+        _generation[0] += 1
     return flags[row]
+
+
+def generation() -> int:
+    """How many flag tensors have been made: part of a captured graph's key (app/model/op_graph.py), since a
+    graph writes the flag tensor it was captured over."""
+    return _generation[0]
 
 
 def _label(loop) -> str:

@@ -422,7 +422,9 @@ def run(loop: Loop, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         (lambda b: loop.forward(b, B, T, H)) if fwd else (lambda b: loop.backward(b, B, T, H))
     )
     w = bufs["w_mh" if fwd else "w_mh_t"]
-    if not replayed(loop, w) or "dc_carry" in bufs:  # (a piece of the overlapped backward: a graph zeroes dc)
+    # eagerly: a piece of the overlapped backward (a graph zeroes dc), or inside the capture of the whole op's
+    # graph (app/model/op_graph.py: a graph is not captured inside another)
+    if not replayed(loop, w) or "dc_carry" in bufs or torch.cuda.is_current_stream_capturing():
         return go({**bufs, **loop.scratch(B, H, w.dtype, w.device)})
     key = (repr(loop), fwd, B, H, w.dtype, w.device)
     if (key, T) not in _seen:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from app.model import gpu_loops, gpu_traffic, gpu_verify
+from app.model import gpu_loops, gpu_traffic, gpu_verify, op_graph
 from app.model.gpu_loops import Loop
 from app.model.gpu_tiles import interpreting, predicted_us, weights_in_l2
 
@@ -44,6 +44,7 @@ class Choice:
     python: bool | None = None  # whether the reference core wins; None: not compared yet
     times: dict = field(default_factory=dict)
     checked: set = field(default_factory=set)
+    op_graph: bool | None = None  # the op runs as CUDA graphs (app/model/op_graph.py); None: not compared yet
 
     @property
     def fwd(self) -> Loop | None:
@@ -116,13 +117,7 @@ def op_inputs(
 ) -> tuple[list, torch.Tensor | None]:
     """The op's leaves (x, w_in, bias, w_mh, w_m) at B rows and T_TUNE steps, at the scale training sees, and a
     dy (None for a forward alone)."""
-    g = torch.Generator(device=device).manual_seed(1)
-    sdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    shapes = [((B, T_TUNE, D), 1.0, dtype), ((5 * H, D), D**-0.5, dtype), ((4 * H,), 0.1, sdt),
-              ((H, H), H**-0.5, dtype), ((4 * H, H), H**-0.5, dtype)]  # fmt: skip
-    leaves = [(torch.randn(s, generator=g, device=device) * a).to(dt) for s, a, dt in shapes]
-    dy = torch.randn(B, T_TUNE, H, generator=g, device=device).to(dtype) if backward else None
-    return leaves, dy
+    return gpu_verify.op_case(B, T_TUNE, D, H, dtype, device, backward, seed=1)
 
 
 def _op_ms(op: Op, choice: Choice, inputs: tuple, key: str, times: dict) -> float | None:
@@ -165,6 +160,36 @@ def rank(loops: list[Loop], B: int, D: int, H: int, dtype: torch.dtype, device, 
             raise NoLoop(f"no GPU loop of the mLSTM core runs here: {times}")
     _alone(fwd, bwd if backward else [], B, H, dtype, device, times)
     return Choice(fwd, bwd if backward else None, times=times, checked=checked)
+
+
+def rank_graph(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, device, op: Op) -> None:
+    """Whether the shape's op runs as CUDA graphs (app/model/op_graph.py; training: forward and backward): their
+    replay checked against the float64 reference (gpu_verify.check_op), then the whole op timed with and
+    without them, side by side (`graph/op`, `graph/eager`); `choice.op_graph` says which runs (MLSTM_OP_GRAPH=1:
+    the graphs wherever they pass). Where they cannot run or fail their check, why is under `graph/op`."""
+    trial, eager = replace(choice, op_graph=True), replace(choice, op_graph=False)
+    ms: dict[str, float] = {}
+    try:  # (the shape's call at the timed length too large for a graph: not run at all)
+        wrong = op_graph.too_large(op_graph.call_bytes(B * T_TUNE, D, H, dtype.itemsize)) or gpu_verify.check_op(
+            op, trial, B, D, H, dtype, device)  # fmt: skip
+        if wrong is None:
+            inputs = op_inputs(B, D, H, dtype, device, backward=True)
+            ms = {
+                "graph/eager": time_ms(lambda: op(eager, *inputs)),
+                "graph/op": time_ms(lambda: op(trial, *inputs)),
+            }
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:
+        wrong = why(e)
+    finally:
+        op_graph.clear()  # the check's and the timing's shapes: not training's
+    if wrong is not None:
+        choice.times["graph/op"] = wrong
+        choice.op_graph = False
+        return
+    choice.times.update({k: round(v, 3) for k, v in ms.items()})
+    choice.op_graph = op_graph.mode() == "1" or ms["graph/op"] < ms["graph/eager"]
 
 
 def _alone(fwd: list[Loop], bwd: list[Loop], B: int, H: int, dtype: torch.dtype, device, times: dict) -> None:

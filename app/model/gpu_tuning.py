@@ -33,12 +33,13 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_ranking
+from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_ranking, gpu_verify, op_graph
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
 from app.model.gpu_ranking import Choice, NoLoop, why
 from app.model.gpu_tiles import interpreting, next_pow2, tile_sets
@@ -79,6 +80,8 @@ def _tune(B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool, op
     )  # fmt: skip
     try:
         choice = gpu_ranking.rank(loops, B, D, H, dtype, device, backward, op, {})
+        if backward:  # training: the whole op as CUDA graphs, where they run and pay
+            gpu_ranking.rank_graph(choice, B, D, H, dtype, device, op)
     finally:
         gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
     log.info("%s", ranking_line(choice, B, H, dtype))
@@ -97,7 +100,16 @@ def ranking_line(choice: Choice, B: int, H: int, dtype: torch.dtype) -> str:
             parts.append(f"{k} [{lp.tiles.short(d == 'fwd')}] {ms}")
     dt = str(dtype).removeprefix("torch.")
     return (f"ranked the mLSTM core's GPU loops for B{B} H{H} {dt} (ms for T={gpu_ranking.T_TUNE}: whole op / loop "
-            f"alone / traffic model): " + "; ".join(parts))  # fmt: skip
+            f"alone / traffic model): " + "; ".join(parts) + graph_words(choice))  # fmt: skip
+
+
+def graph_words(choice: Choice) -> str:
+    """The op as CUDA graphs against without, as the ranking line ends ("" where it was not compared)."""
+    t = choice.times
+    if "graph/eager" in t:
+        runs = "runs" if choice.op_graph else "does not run"
+        return f"; the whole op as CUDA graphs {t['graph/op']} against {t['graph/eager']} without: it {runs}"
+    return f"; the whole op as CUDA graphs: not run ({t['graph/op']})" if "graph/op" in t else ""
 
 
 def _checked(choice: Choice, loop: Loop, fwd: bool, B: int, H: int, bufs: dict) -> str | None:
@@ -248,7 +260,7 @@ def loops_for(
         _choices[key] = choice
         return choice
     B, H = batch_bucket(x.shape[0]), w.shape[0]
-    choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward)
+    choice = _forced(B, H, w.dtype, x.device) or _cached(B, H, w.dtype, x.device, backward, op)
     if choice is None:
         if op is None:
             raise ValueError("the loops of a new shape are timed in the op: loops_for needs op=")
@@ -274,6 +286,7 @@ def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_f
         ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
               (("triton", triton_fn), ("python", python_fn))}  # fmt: skip
         gpu_loops.clear_graphs()
+        op_graph.clear()
         choice.python = ms["python"] < ms["triton"]
         choice.times.update({f"op/{k}": round(v, 3) for k, v in ms.items()})
         _store(B, H, w.dtype, x.device, choice)
@@ -327,17 +340,21 @@ def _code_files() -> tuple[str, ...]:
         "triton_kernels.py",
         "triton_parts.py",
         "gpu_tuning.py",
+        "op_graph.py",
         "triton_core.py",
         "mlstm_core.py",
     )
     return tuple(str(here / name) for name in names)
 
 
-def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choice | None:
+def _cached(
+    B: int, H: int, dtype: torch.dtype, device, backward: bool, op: gpu_ranking.Op | None
+) -> Choice | None:
     """The ranking stored for the shape, every loop in it checked on a small input (once per process: the choice
     is then kept in _choices), or None: nothing stored, an entry this code does not know (another format, a
     loop label that is not a candidate here), or one whose first loop fails its check now (said in one line).
-    A fallback that fails its check is dropped from the ranking (said in one line)."""
+    A fallback that fails its check is dropped from the ranking (said in one line); the op's CUDA graphs, where
+    the entry has them, are checked too (`_cached_graph`)."""
     entry = gpu_choice_cache.load(B, H, dtype, device, _code_files(), _variant(dtype))
     if entry is None:
         return None
@@ -348,7 +365,8 @@ def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choic
         choice = Choice(fwd, bwd, entry["python"], {"cached": True})
     except (KeyError, TypeError):
         return None  # a foreign or older entry: time it
-    if not fwd or (backward and not bwd) or not isinstance(entry["python"], (bool, type(None))):
+    flags = (entry["python"], entry.get("op_graph", "absent"))
+    if not fwd or (backward and not bwd) or not all(isinstance(f, (bool, type(None))) for f in flags):
         return None
     for order, d in ((choice.fwd_order, True), (choice.bwd_order or [], False)):
         for loop in list(order):
@@ -362,14 +380,38 @@ def _cached(B: int, H: int, dtype: torch.dtype, device, backward: bool) -> Choic
             if first:
                 return None
             order.remove(loop)
+    choice.op_graph = entry["op_graph"] and _cached_graph(choice, B, H, dtype, device, op)
     return choice
+
+
+def _cached_graph(
+    choice: Choice, B: int, H: int, dtype: torch.dtype, device, op: gpu_ranking.Op | None
+) -> bool:
+    """Whether the op's CUDA graphs a cached ranking chose run here: their replay passes its float64 check
+    (gpu_verify.check_op, at the shape's own input width) in this process; else one line, and the op runs
+    without them."""
+    D = H  # the graphs' code is the same at any input width
+    try:
+        wrong = "no op to check them with" if op is None else gpu_verify.check_op(
+            op, replace(choice, op_graph=True), B, D, H, dtype, device)  # fmt: skip
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:
+        wrong = why(e)
+    finally:
+        op_graph.clear()
+    if wrong is not None:
+        log.warning("the cached mLSTM GPU op's CUDA graphs (B%d H%d) fail their check here (%s): the op runs "
+                    "without them", B, H, wrong)  # fmt: skip
+    return wrong is None
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
     if "forced" in choice.times or choice.fwd is None:  # a failure may not last: the next run tries again
         return
     bwd = [lp.label for lp in choice.bwd_order] if choice.bwd_order is not None else None
-    entry = {"fwd": [lp.label for lp in choice.fwd_order], "bwd": bwd, "python": choice.python}
+    entry = {"fwd": [lp.label for lp in choice.fwd_order], "bwd": bwd, "python": choice.python,
+             "op_graph": choice.op_graph}  # fmt: skip
     gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
 
 

@@ -15,10 +15,12 @@ before their first run. The check runs the path training runs: the CUDA-graph re
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from app.model import gpu_loops
-from app.model.mlstm_core import backward_loop, forward_loop, state_dtype
+from app.model.mlstm_core import MLSTMFunction, backward_loop, forward_loop, state_dtype
 
 T_CHECK = 16  # steps: the error does not grow with T (the cell contracts); a race shows at any length
 # Worst element over the output's largest, by operand precision. The reference core itself, measured against
@@ -141,3 +143,56 @@ def check(
         if replays:
             gpu_loops.forget(loop, fwd, B, H, w)
     return mismatch(case, want, tolerance(dtype))
+
+
+# ---- the whole op (triton_core.run_op), through its CUDA graphs where it runs them (app/model/op_graph.py)
+
+OP_OUTPUTS = ("h", "dx", "d(w_in)", "d(bias)", "d(w_mh)", "d(w_m)")
+
+
+def op_case(
+    B: int, T: int, D: int, H: int, dtype: torch.dtype, device, backward: bool, seed: int
+) -> tuple[list, torch.Tensor | None]:
+    """The op's leaves (x, w_in, bias, w_mh, w_m) at B rows and T steps, at the scale training sees, and a dy
+    (None for a forward alone)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    sdt = state_dtype(dtype)
+    shapes = [((B, T, D), 1.0, dtype), ((5 * H, D), D**-0.5, dtype), ((4 * H,), 0.1, sdt),
+              ((H, H), H**-0.5, dtype), ((4 * H, H), H**-0.5, dtype)]  # fmt: skip
+    leaves = [(torch.randn(s, generator=g, device=device) * a).to(dt) for s, a, dt in shapes]
+    dy = torch.randn(B, T, H, generator=g, device=device).to(dtype) if backward else None
+    return leaves, dy
+
+
+def reference_op(leaves: list, dy: torch.Tensor) -> list[torch.Tensor]:
+    """h and the gradients (OP_OUTPUTS' order) of the reference core in float64 on the op's own inputs."""
+    up = [t.detach().to(torch.float64).requires_grad_() for t in leaves]
+    with torch.enable_grad():
+        h = MLSTMFunction.apply(*up)
+        h.backward(dy.to(torch.float64))
+    return [h.detach(), *(t.grad for t in up)]
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.to(torch.float64) - want).abs().max() / (want.abs().max() + 1e-30)).item()
+
+
+def check_op(op, choice, B: int, D: int, H: int, dtype: torch.dtype, device) -> str | None:
+    """Why the whole op `op` (triton_core.run_op) with `choice` is wrong, or None: run on three fresh cases of
+    check_rows(B) rows in turn (through the op's graphs: an eager first call, a capture, a replay), then the
+    second and third calls' h and gradients, each against the float64 reference core on its own case, within
+    twice the error of the op run without graphs on that case (or `tolerance`). So a graph that replays a stale
+    input fails (the third call), and so does one that hands on an output a later replay rewrites (the second
+    call's, read after the third). What the op raises propagates."""
+    cases = [op_case(check_rows(B), T_CHECK, D, H, dtype, device, True, seed) for seed in (11, 12, 13)]
+    outs = [op(choice, leaves, dy) for leaves, dy in cases]
+    for call in (1, 2):
+        eager = op(replace(choice, op_graph=False), *cases[call])
+        want = reference_op(*cases[call])
+        flat = lambda out: [out[0], *out[1]]  # noqa: E731
+        for name, g, e, w in zip(OP_OUTPUTS, flat(outs[call]), flat(eager), want):
+            err, base = _relative(g, w), _relative(e, w)
+            if not err <= max(2 * base, tolerance(dtype)):  # NaN fails too
+                return (f"{name} of call {call + 1} differs from the float64 reference by {err:.1e} of its "
+                        f"largest value through the op's graph, {base:.1e} without it")  # fmt: skip
+    return None

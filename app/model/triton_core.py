@@ -16,11 +16,13 @@ Triton is optional (`pip install .[gpu]`; CUDA builds of torch bring it): `avail
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 
 import torch
 
-from app.model import gpu_tuning, wgrad_overlap
+from app.model import gpu_health, gpu_tuning, op_graph, wgrad_overlap
 from app.model.gpu_tiles import interpreting
 from app.model.matmul import grad_weight, linear
 
@@ -28,6 +30,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # The oldest release tested: tl.dot takes float64 operands from 3.5 on (3.2-3.4 refuse them). torch 2.6-2.8's
 # CUDA builds bring 3.2-3.4: with those the dispatcher runs the reference core, and says why.
 TRITON_MIN = (3, 5)
+log = logging.getLogger(__name__)
 
 
 def too_old(version: str) -> bool:
@@ -98,19 +101,73 @@ def _why_none(loops: gpu_tuning.Choice) -> str:
     return loops.times.get("failed", f"every GPU loop of this shape failed in this process ({loops.times})")
 
 
-def _save(ctx, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, choice: gpu_tuning.Choice) -> None:
-    ctx.choice = choice
-    ctx.save_for_backward(*_kept(bufs, xt, w_in))
+def _graph_why_not(device) -> str | None:
+    """Why the op does not run as CUDA graphs here (app/model/op_graph.py), or None."""
+    if wgrad_overlap.chunks():
+        return "the weight gradients overlap the loop on a side stream (MLSTM_WGRAD_OVERLAP)"
+    if gpu_health.host_wait():
+        return "MLSTM_BARRIER_HOST_WAIT=1 waits on the host after each persistent launch"
+    return op_graph.why_not(device)
 
 
-def _kept(b: dict, xt: torch.Tensor, w_in: torch.Tensor) -> tuple:
-    """What the backward needs of the forward (`_grads`' arguments after dy)."""
-    return xt, w_in, b["w_mh"], b["w_m"], b["pm"], b["gates"], b["cs"], b["tcs"], b["rs"], b["ms"], b["hs"]
+def _graphed(choice: gpu_tuning.Choice, t: torch.Tensor) -> bool:
+    """Whether this call runs through the op's graphs: the tuner chose them for the shape, and they run here."""
+    return bool(choice.op_graph) and _graph_why_not(t.device) is None
 
 
-def _backward(ctx, dy: torch.Tensor) -> tuple:
-    """(dx, d(w_in), d(bias), d(w_mh), d(w_m)) of the saved forward."""
-    return _grads(ctx.choice, dy, *ctx.saved_tensors, need_dx=ctx.needs_input_grad[0])
+def _through_graph(choice: gpu_tuning.Choice, tag: tuple, fn, inputs: list, strict: bool) -> list:
+    """fn(*inputs) from the op's graph (op_graph.call); where a capture or a replay fails, the shape runs without
+    graphs from now on (one warning line) and this call eagerly, or (`strict`: the tuner's timing) it raises."""
+    loops = (choice.fwd.label if choice.fwd else None, choice.bwd.label if choice.bwd else None)
+    key = (*tag, id(choice), loops, gpu_health.generation())
+    try:
+        return op_graph.call(key, fn, inputs)
+    except op_graph.GraphFailed as e:
+        if strict:
+            raise
+        choice.op_graph = False
+        op_graph.clear()
+        log.warning("the mLSTM GPU core's whole-op CUDA graph failed (%s): the shape runs without it", e)
+        return list(fn(*inputs))
+
+
+def _fwd_outputs(choice: gpu_tuning.Choice, x, w_in, bias, w_mh, w_m, *state) -> tuple:
+    """The forward as a function of tensors (op_graph can replay it): h (B, T, H), c_T (B, H), xt and the
+    loop's buffers the backward keeps (pm, gates, cs, tcs, rs, ms, hs)."""
+    bufs, xt = _forward(x, w_in, bias, w_mh, w_m, tuple(state) or None, choice)
+    h = bufs["hs"][1:].transpose(0, 1).contiguous()  # (B, T, H)
+    return (h, bufs["cs"][-1].clone(), xt, *(bufs[n] for n in ("pm", "gates", "cs", "tcs", "rs", "ms", "hs")))
+
+
+def _run_forward(choice: gpu_tuning.Choice, leaves: list, state: tuple, grad: bool, strict: bool = False):
+    """(h, c_T, what the backward keeps: `_grads`' arguments after dy), through the op's graph where the
+    shape's choice has one and a gradient will be asked for (`grad`), else eagerly."""
+    x, w_in, _, w_mh, w_m = leaves
+    fn = functools.partial(_fwd_outputs, choice)
+    inputs = [*leaves, *state]
+    if grad and _graphed(choice, x):
+        outs = _through_graph(choice, ("fwd", len(state)), fn, inputs, strict)
+    else:
+        outs = fn(*inputs)
+    h, c_last, xt, *acts = outs
+    return h, c_last, (xt, w_in, w_mh.contiguous(), w_m.contiguous(), *acts)
+
+
+def _grad_outputs(choice: gpu_tuning.Choice, need_dx: bool, dy, *kept) -> tuple:
+    """The backward as a function of tensors: (dx,) d(w_in), d(bias), d(w_mh), d(w_m) (dx where asked for)."""
+    dx, *grads = _grads(choice, dy, *kept, need_dx=need_dx)
+    return (dx, *grads) if need_dx else tuple(grads)
+
+
+def _run_backward(choice: gpu_tuning.Choice, dy, kept: tuple, need_dx: bool, strict: bool = False) -> tuple:
+    """(dx or None, d(w_in), d(bias), d(w_mh), d(w_m)) of a forward's kept tensors, through the op's graph
+    where the shape's choice has one, else eagerly."""
+    fn = functools.partial(_grad_outputs, choice, need_dx)
+    inputs = [dy, *kept]
+    outs = (
+        _through_graph(choice, ("bwd", need_dx), fn, inputs, strict) if _graphed(choice, dy) else fn(*inputs)
+    )
+    return tuple(outs) if need_dx else (None, *outs)
 
 
 def _grads(choice, dy, xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs, need_dx: bool) -> tuple:
@@ -142,14 +199,17 @@ def _grads(choice, dy, xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs, need
     return dx, d_w_in, d_bias, d_w_mh, d_w_m
 
 
-def run_op(choice: gpu_tuning.Choice, leaves: list, dy: torch.Tensor | None) -> None:
+def run_op(choice: gpu_tuning.Choice, leaves: list, dy: torch.Tensor | None) -> tuple:
     """The op's forward (x, w_in, bias, w_mh, w_m) -> h with `choice`'s loops and, given dy, its backward: the
-    code TritonMLSTMFunction runs, without autograd's bookkeeping (the tuner times candidates through it)."""
-    x, w_in, bias, w_mh, w_m = leaves
-    bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, choice)
-    bufs["hs"][1:].transpose(0, 1).contiguous()  # the op's output, as the Function hands it on
-    if dy is not None:
-        _grads(choice, dy, *_kept(bufs, xt, w_in), need_dx=True)
+    code TritonMLSTMFunction runs, without autograd's bookkeeping (the tuner times and checks candidates
+    through it). With choice.op_graph, through the op's CUDA graphs as training runs them (raises where they
+    cannot run: op_graph.Unavailable, or a capture that fails). -> (h, (dx, d(w_in), d(bias), d(w_mh), d(w_m))
+    or None)."""
+    if choice.op_graph and (why := _graph_why_not(leaves[0].device)):
+        raise op_graph.Unavailable(why)
+    h, _, kept = _run_forward(choice, leaves, (), grad=True, strict=True)
+    grads = _run_backward(choice, dy, kept, need_dx=True, strict=True) if dy is not None else None
+    return h, grads
 
 
 class TritonMLSTMFunction(torch.autograd.Function):
@@ -158,13 +218,14 @@ class TritonMLSTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m):
         loops = _loops(ctx, x, w_mh)
-        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, None, loops)
-        _save(ctx, bufs, xt, w_in, loops)
-        return bufs["hs"][1:].transpose(0, 1).contiguous()  # (B, T, H)
+        h, _, kept = _run_forward(loops, [x, w_in, bias, w_mh, w_m], (), any(ctx.needs_input_grad))
+        ctx.choice = loops
+        ctx.save_for_backward(*kept)
+        return h
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward(ctx, dy)
+        return _run_backward(ctx.choice, dy, ctx.saved_tensors, ctx.needs_input_grad[0])
 
 
 class TritonMLSTMFromState(torch.autograd.Function):
@@ -175,15 +236,15 @@ class TritonMLSTMFromState(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, bias, w_mh, w_m, h0, c0):
         loops = _loops(ctx, x, w_mh)
-        bufs, xt = _forward(x, w_in, bias, w_mh, w_m, (h0, c0), loops)
-        _save(ctx, bufs, xt, w_in, loops)
-        c_last = bufs["cs"][-1].clone()  # (B, H)
+        h, c_last, kept = _run_forward(loops, [x, w_in, bias, w_mh, w_m], (h0, c0), any(ctx.needs_input_grad))
+        ctx.choice = loops
+        ctx.save_for_backward(*kept)
         ctx.mark_non_differentiable(c_last)
-        return bufs["hs"][1:].transpose(0, 1).contiguous(), c_last
+        return h, c_last
 
     @staticmethod
     def backward(ctx, dy, _dc_last):
-        return (*_backward(ctx, dy), None, None)
+        return (*_run_backward(ctx.choice, dy, ctx.saved_tensors, ctx.needs_input_grad[0]), None, None)
 
 
 @torch.no_grad()
