@@ -96,14 +96,28 @@ def test_a_call_too_large_for_the_graphs_is_never_captured(monkeypatch):
     monkeypatch.setattr(op_graph, "MAX_BYTES", 32 << 10)
     fn = lambda x: (x * 2,)  # noqa: E731
     for _ in range(3):
-        (out,) = op_graph.call(("t",), fn, [a])
+        (out,) = op_graph.call(0, ("t",), fn, [a])
         assert torch.equal(out, a * 2)
     assert op_graph.too_large(16 << 10) is None
     assert op_graph.too_large(32 << 10).startswith("a call's tensors (0.03 MiB) exceed half of the graphs' ")
     small = torch.ones(8, 8)
-    op_graph.call(("t",), fn, [small])
+    op_graph.call(0, ("t",), fn, [small])
     with pytest.raises(op_graph.GraphFailed):  # the second call of a small shape captures (no CUDA here)
-        op_graph.call(("t",), fn, [small])
+        op_graph.call(0, ("t",), fn, [small])
+
+
+def test_forgetting_an_owners_graphs_leaves_the_others():
+    """A tuner's trial forgets its own graphs, not training's: its next call is a first call again (eager),
+    another owner's next call captures (here, with no CUDA, a capture that fails)."""
+    a = torch.ones(4, 4)
+    fn = lambda x: (x + 1,)  # noqa: E731
+    for owner in (1, 2):
+        op_graph.call(owner, ("t",), fn, [a])
+    op_graph.forget(1)
+    (out,) = op_graph.call(1, ("t",), fn, [a])
+    assert torch.equal(out, a + 1)
+    with pytest.raises(op_graph.GraphFailed):
+        op_graph.call(2, ("t",), fn, [a])
 
 
 def test_the_tuner_does_not_time_graphs_too_large_to_run():

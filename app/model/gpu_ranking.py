@@ -183,7 +183,7 @@ def rank_graph(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, devic
     except Exception as e:
         wrong = why(e)
     finally:
-        op_graph.clear()  # the check's and the timing's shapes: not training's
+        op_graph.forget(id(trial))  # the check's and the timing's graphs: not training's
     if wrong is not None:
         choice.times["graph/op"] = wrong
         choice.op_graph = False

@@ -286,7 +286,7 @@ def prefers_reference(x: torch.Tensor, w: torch.Tensor, backward: bool, triton_f
         ms = {name: _time_op(fn, B, D, H, w.dtype, x.device, backward) for name, fn in
               (("triton", triton_fn), ("python", python_fn))}  # fmt: skip
         gpu_loops.clear_graphs()
-        op_graph.clear()
+        op_graph.forget(id(choice))  # the timed length's graphs: not training's
         choice.python = ms["python"] < ms["triton"]
         choice.times.update({f"op/{k}": round(v, 3) for k, v in ms.items()})
         _store(B, H, w.dtype, x.device, choice)
@@ -388,18 +388,20 @@ def _cached_graph(
     choice: Choice, B: int, H: int, dtype: torch.dtype, device, op: gpu_ranking.Op | None
 ) -> bool:
     """Whether the op's CUDA graphs a cached ranking chose run here: their replay passes its float64 check
-    (gpu_verify.check_op, at the shape's own input width) in this process; else one line, and the op runs
-    without them."""
-    D = H  # the graphs' code is the same at any input width
-    try:
-        wrong = "no op to check them with" if op is None else gpu_verify.check_op(
-            op, replace(choice, op_graph=True), B, D, H, dtype, device)  # fmt: skip
+    (gpu_verify.check_op) in this process; else one line, and the op runs without them."""
+    trial = replace(choice, op_graph=True)
+    try:  # at input width H: the graphs' code is the same at any
+        wrong = (
+            "no op to check them with"
+            if op is None
+            else gpu_verify.check_op(op, trial, B, H, H, dtype, device)
+        )
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as e:
         wrong = why(e)
     finally:
-        op_graph.clear()
+        op_graph.forget(id(trial))
     if wrong is not None:
         log.warning("the cached mLSTM GPU op's CUDA graphs (B%d H%d) fail their check here (%s): the op runs "
                     "without them", B, H, wrong)  # fmt: skip

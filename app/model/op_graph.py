@@ -101,8 +101,8 @@ _seen: dict = {}  # key -> bytes of the eager first call's inputs and outputs
 _pools: dict = {}  # device -> the graphs' shared memory pool
 
 
-def _key(tag: tuple, inputs: Sequence[torch.Tensor]) -> tuple:
-    return (tag, tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
+def _key(owner: int, tag: tuple, inputs: Sequence[torch.Tensor]) -> tuple:
+    return (owner, tag, tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
 
 
 def held_bytes() -> int:
@@ -115,17 +115,28 @@ def graphs_held() -> int:
 
 
 def clear() -> None:
-    """Drop every graph and what they hold (a tuning's shapes, a failed capture)."""
+    """Drop every graph and what they hold."""
     _graphs.clear()
     _seen.clear()
 
 
-def call(tag: tuple, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor]) -> list:
+def forget(owner: int) -> None:
+    """Drop the graphs made for `owner` (the id of the choice they run: a tuner's trial, a check's, a shape whose
+    graphs failed) and the record of their eager first calls."""
+    for store in (_graphs, _seen):
+        for key in [k for k in store if k[0] == owner]:
+            del store[key]
+
+
+def call(
+    owner: int, tag: tuple, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor]
+) -> list:
     """fn(*inputs)'s outputs: eagerly on a shape's first call (and where its tensors take more than half of
-    MAX_BYTES), from a replay of its graph on every later one (module docstring). What the eager call raises
-    propagates; a capture or a replay that raises drops the graph and raises GraphFailed (the caller runs `fn`
-    eagerly instead: it reads nothing it writes)."""
-    key = _key(tag, inputs)
+    MAX_BYTES), from a replay of its graph on every later one (module docstring); graphs are kept per `owner`
+    (`forget`), `tag` (what `fn` computes) and the inputs' layout. What the eager call raises propagates; a
+    capture or a replay that raises drops the graph and raises GraphFailed (the caller runs `fn` eagerly
+    instead: it reads nothing it writes)."""
+    key = _key(owner, tag, inputs)
     entry = _graphs.get(key)
     if entry is None:
         size = _seen.get(key)

@@ -119,14 +119,13 @@ def _through_graph(choice: gpu_tuning.Choice, tag: tuple, fn, inputs: list, stri
     """fn(*inputs) from the op's graph (op_graph.call); where a capture or a replay fails, the shape runs without
     graphs from now on (one warning line) and this call eagerly, or (`strict`: the tuner's timing) it raises."""
     loops = (choice.fwd.label if choice.fwd else None, choice.bwd.label if choice.bwd else None)
-    key = (*tag, id(choice), loops, gpu_health.generation())
     try:
-        return op_graph.call(key, fn, inputs)
+        return op_graph.call(id(choice), (*tag, loops, gpu_health.generation()), fn, inputs)
     except op_graph.GraphFailed as e:
         if strict:
             raise
         choice.op_graph = False
-        op_graph.clear()
+        op_graph.forget(id(choice))
         log.warning("the mLSTM GPU core's whole-op CUDA graph failed (%s): the shape runs without it", e)
         return list(fn(*inputs))
 
