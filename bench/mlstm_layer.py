@@ -35,8 +35,8 @@ memory that grows with B*T; `max_rss_mb` is the whole process's peak. The last l
 With --device cuda the profiler's CUDA kernels are counted instead (memcpy/memset left out), with CUDA
 graphs off (`kernels_per_step`) and on (`graph_kernels_per_step`); the contenders add `auto_*` (what
 `model.core=auto` runs), `loop_<name>_bf16` (each GPU loop forced) and the carried state in bf16, and each
-size reports the loops the tuner chose with its times (`chosen`: with `op_graph`, whether the op runs as CUDA
-graphs, its times with and without them under `graph/op` and `graph/eager`). `gpu_targets` (issue 34): `auto` bf16 model
+size reports the loops the tuner chose with its times (`chosen`: with `op_graph` and `wgrad_chunks`, how the op
+runs in training, its paths' times under `path/plain`, `path/graph` and `path/overlap`). `gpu_targets` (issue 34): `auto` bf16 model
 FLOP/s against cuDNN's nn.LSTM bf16 >= 0.8 at both sizes, `auto` fp32 tokens/s >= the Python core's at both,
 the Triton core from a carried state >= 3x the Python core's at the small size. `--save` appends the JSON line to
 bench/results/mlstm_layer-<device>-<date>.json (bench/results.py: with the git commit).
@@ -320,7 +320,8 @@ def cuda_ratios(tok_s: dict, gflops: dict, B: int, T: int, H: int) -> dict:
 
     chosen = {
         str(dt).removeprefix("torch."): {"fwd": c.fwd.label if c.fwd else None, "bwd": c.bwd.label if c.bwd else None,
-                                         "python": c.python, "op_graph": c.op_graph, "times_ms": c.times}
+                                         "python": c.python, "op_graph": c.op_graph, "wgrad_chunks": c.wgrad_chunks,
+                                         "times_ms": c.times}
         for (dev, b, h, dt, tf32, forced), c in gpu_tuning._choices.items()
         if (b, h, forced) == (gpu_tuning.batch_bucket(B), H, None)
     }  # fmt: skip

@@ -63,7 +63,7 @@ def test_the_gpu_estimates_add_it_and_the_cpu_ones_do_not(nothing_ranked):
 
     cuda = torch.device("cuda", 0)
     seqs = [np.arange(600) % 200 for _ in range(64)]
-    graphs = first_call.op_graph_bytes(CFG, largest_batch(seqs, 8192, 8)[0], cuda)  # fine-tuning's op graphs
+    graphs = first_call.op_paths_bytes(CFG, largest_batch(seqs, 8192, 8)[0], cuda)  # fine-tuning's op paths
     for fn, args, rows, backward, more in (
         (featurize_bytes, (seqs, 8192, CFG, 1), 13, False, 0),
         (finetune_bytes, (seqs, 8192, 8, CFG, 1), 8, True, graphs),

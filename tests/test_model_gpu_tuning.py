@@ -28,12 +28,16 @@ def test_the_tuner_times_every_loop_checks_them_and_compares_the_reference(tunin
     float64 reference and timed each way in the whole op, none left out, each also timed alone beside the
     traffic model's time for its tiles (none for cuBLAS's), a loop that computes something else left out with
     why, the whole op against the reference core (the interpreter is slow: the reference wins), one log line;
-    the op's CUDA graphs tried, and why they do not run here."""
+    the op's paths compared: its CUDA graphs (why they do not run here), its weight gradients overlapped."""
     out = tuning
     ranked = {k: v for k, v in out["choice"].items() if k.startswith(("fwd/", "bwd/"))}
-    # training's op through CUDA graphs: tried after the ranking, none in the interpreter, said why
-    assert out["op_graph"] is False
-    assert out["choice"]["graph/op"] == "Unavailable: Triton's interpreter has no CUDA graphs", out["choice"]
+    # training's op paths, after the ranking: no CUDA graphs in the interpreter (said why); the overlapped
+    # weight gradients checked against float64 and timed beside the plain op, the faster chosen
+    t = out["choice"]
+    assert out["paths"][0] is False
+    assert t["path/graph"] == "Unavailable: Triton's interpreter has no CUDA graphs", t
+    assert isinstance(t["path/overlap"], float) and isinstance(t["path/plain"], float), t
+    assert out["paths"][1] == (4 if t["path/overlap"] < t["path/plain"] else 0), (out["paths"], t)
     assert set(ranked) == TIMED and all(isinstance(v, float) for v in ranked.values()), out["choice"]
     assert all(isinstance(out["choice"][f"loop/{k}"], float) for k in TIMED), out["choice"]
     modelled = {k for k in TIMED if not k.endswith("/cublas")}
@@ -49,8 +53,11 @@ def test_the_ranking_is_logged_with_each_loops_tiles_and_three_times(tuning):
     """One line: each loop with its tiles (the l2 candidate's split phases: ways and sum tiles) and its ms for
     T_TUNE steps in the whole op, alone and by the traffic model."""
     (line,) = tuning["ranked_line"]
+    ms = tuning["choice"]
+    runs = "weight gradients overlapped" if tuning["paths"][1] else "plain"
     assert line.endswith(
-        "; the whole op as CUDA graphs: not run (Unavailable: Triton's interpreter has no CUDA graphs)"
+        "; the whole op as CUDA graphs: not run (Unavailable: Triton's interpreter has no CUDA graphs), weight "
+        f"gradients overlapped {ms['path/overlap']}, plain {ms['path/plain']}: {runs} runs"
     ), line
     assert line.startswith(
         "ranked the mLSTM core's GPU loops for B16 H20 float32 (ms for T=3: whole op / loop"

@@ -52,8 +52,11 @@ def test_where_the_graphs_run_and_why_not(monkeypatch):
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)
-            assert why in triton_core._graph_why_not(CUDA), env
+            assert why in triton_core._graph_why_not(_choice(), CUDA), env
             assert not triton_core._graphed(_choice(), torch.zeros(1, device="meta").expand(0))
+    overlapped = _choice()
+    overlapped.wgrad_chunks = 4  # the tuner chose the overlap for the shape: a side stream, no graph
+    assert "the weight gradients overlap the loop" in triton_core._graph_why_not(overlapped, CUDA)
     monkeypatch.setenv("MLSTM_OP_GRAPH", "yes")
     with pytest.raises(UserError, match="MLSTM_OP_GRAPH must be one of auto, 0, 1 or unset, got 'yes'"):
         op_graph.mode()
@@ -120,45 +123,58 @@ def test_forgetting_an_owners_graphs_leaves_the_others():
         op_graph.call(2, ("t",), fn, [a])
 
 
-def test_the_tuner_does_not_time_graphs_too_large_to_run():
-    """At B128 H4096 bf16 a call at the timed length takes GBs: `graph/op` says so, nothing is run."""
+def test_the_tuner_does_not_time_graphs_too_large_to_run(monkeypatch):
+    """At B128 H4096 bf16 a graph call at the timed length takes GBs: `path/graph` says so, nothing is run (the
+    overlap left to MLSTM_WGRAD_OVERLAP=0 here), the op runs plain."""
+    monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "0")
     choice = _choice(graph=None)
     ran = []
-    gpu_ranking.rank_graph(choice, 128, 4096, 4096, torch.bfloat16, CUDA, lambda *a: ran.append(a))
-    assert ran == [] and choice.op_graph is False
-    assert choice.times["graph/op"].startswith("a call's tensors (")
-    assert (
-        gpu_tuning.graph_words(choice)
-        == f"; the whole op as CUDA graphs: not run ({choice.times['graph/op']})"
-    )
-    choice.times.update({"graph/op": 1.5, "graph/eager": 2.0})
+    gpu_ranking.rank_paths(choice, 128, 4096, 4096, torch.bfloat16, CUDA, lambda *a: ran.append(a))
+    assert ran == [] and choice.op_graph is False and choice.wgrad_chunks == 0
+    assert set(choice.times) == {"path/graph"} and choice.times["path/graph"].startswith("a call's tensors (")
+    why = choice.times["path/graph"]
+    assert gpu_ranking.path_words(choice) == f"; the whole op as CUDA graphs: not run ({why}): plain runs"
+
+
+def test_the_paths_are_said_with_their_times_and_which_runs():
+    choice = _choice(graph=False)
+    assert gpu_ranking.path_words(choice) == ""  # not compared (a forward-only ranking, a forced loop)
+    choice.times.update({"path/graph": 1.5, "path/overlap": 2.5, "path/plain": 2.0})
     choice.op_graph = True
-    assert gpu_tuning.graph_words(choice) == "; the whole op as CUDA graphs 1.5 against 2.0 without: it runs"
+    assert gpu_ranking.path_words(choice) == (
+        "; the whole op as CUDA graphs 1.5, weight gradients overlapped 2.5, plain 2.0: as CUDA graphs runs"
+    )
+    choice.op_graph, choice.wgrad_chunks = False, 4
+    assert gpu_ranking.path_words(choice).endswith(": weight gradients overlapped runs")
 
 
-def test_the_memory_estimates_count_the_graphs_where_they_may_run(monkeypatch):
+def test_the_memory_estimates_count_the_paths_where_they_may_run(monkeypatch):
     from app.training import bounds
 
-    for name in ("MLSTM_OP_GRAPH", "TRITON_INTERPRET", "MLSTM_CUDA_GRAPHS"):
+    for name in ("MLSTM_OP_GRAPH", "TRITON_INTERPRET", "MLSTM_CUDA_GRAPHS", "MLSTM_WGRAD_OVERLAP"):
         monkeypatch.delenv(name, raising=False)
     cfg = ModelConfig(vocab_size=256, embed_dim=64, hidden_dim=256, num_layers=2)
     call = op_graph.call_bytes(4096, 256, 256, 2)
-    graphs = first_call.op_graph_bytes(cfg, 4096, CUDA, 2)
-    assert graphs == min(op_graph.MAX_BYTES, 4 * call) + 2 * call > 0
+    overlap = first_call.overlap_bytes(256, 256, 2)
+    assert overlap == (5 * 256 * 256 * 2 + 4 * 256) * 4  # float32 accumulators of every weight gradient
+    paths = first_call.op_paths_bytes(cfg, 4096, CUDA, 2)
+    assert paths == min(op_graph.MAX_BYTES, 4 * call) + 2 * call + overlap
     big = ModelConfig(vocab_size=256, embed_dim=4096, hidden_dim=4096, num_layers=2)
-    assert first_call.op_graph_bytes(big, 32768, CUDA, 2) == 2 * op_graph.MAX_BYTES  # the cap
-    assert first_call.op_graph_bytes(cfg, 4096, "cpu", 2) == 0
+    assert first_call.op_paths_bytes(
+        big, 32768, CUDA, 2
+    ) == 2 * op_graph.MAX_BYTES + first_call.overlap_bytes(4096, 4096, 2)  # the graphs' cap
+    assert first_call.op_paths_bytes(cfg, 4096, "cpu", 2) == 0
     python = ModelConfig(**{**cfg.to_dict(), "core": "python"})
-    assert first_call.op_graph_bytes(python, 4096, CUDA, 2) == 0
+    assert first_call.op_paths_bytes(python, 4096, CUDA, 2) == 0
     layout = Layout(world_size=1, stages=1, data_parallel=1, micro_batch=16, grad_accum=1, zero_stage=1,
                     precision="bf16")  # fmt: skip
-    monkeypatch.setattr(
-        bounds, "first_call_bytes", lambda *a, **k: 0
-    )  # the tuner's first call: its own tests
-    with_graphs = bounds.process_bytes(cfg, layout, 4096, CUDA)
+    monkeypatch.setattr(bounds, "first_call_bytes", lambda *a, **k: 0)  # the tuner's: its own tests
+    with_paths = bounds.process_bytes(cfg, layout, 4096, CUDA)
     monkeypatch.setenv("MLSTM_OP_GRAPH", "0")
-    assert first_call.op_graph_bytes(cfg, 4096, CUDA, 2) == 0
-    assert with_graphs - bounds.process_bytes(cfg, layout, 4096, CUDA) == graphs
+    assert first_call.op_paths_bytes(cfg, 4096, CUDA, 2) == overlap
+    monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "0")
+    assert first_call.op_paths_bytes(cfg, 4096, CUDA, 2) == 0
+    assert with_paths - bounds.process_bytes(cfg, layout, 4096, CUDA) == paths
 
 
 # ---- in Triton's interpreter (no graphs there)
@@ -171,10 +187,18 @@ def interpreted(tmp_path_factory) -> dict:
 
 
 @pytest.mark.long  # an interpreter process (tens of seconds of a core): the op's checks run on a GPU in `gpu`
-def test_the_tuner_says_why_no_graph_runs_in_the_interpreter(interpreted):
-    op_graph_, why, words = interpreted["tuned"]
-    assert op_graph_ is False and why == "Unavailable: Triton's interpreter has no CUDA graphs", why
-    assert words == f"; the whole op as CUDA graphs: not run ({why})"
+def test_the_tuner_says_why_no_graph_runs_and_times_the_overlap_in_the_interpreter(interpreted):
+    """The graphs: not run, why; the overlapped weight gradients: checked against float64 on their path, timed
+    beside the plain op, the faster chosen; the ranking line's end says it all."""
+    graph, chunks, t, words = interpreted["tuned"]
+    why = "Unavailable: Triton's interpreter has no CUDA graphs"
+    assert graph is False and t["path/graph"] == why, t
+    assert isinstance(t["path/overlap"], float) and isinstance(t["path/plain"], float), t
+    overlap = t["path/overlap"] < t["path/plain"]
+    assert chunks == (4 if overlap else 0), (chunks, t)
+    runs = "weight gradients overlapped" if overlap else "plain"
+    assert words == (f"; the whole op as CUDA graphs: not run ({why}), weight gradients overlapped "
+                     f"{t['path/overlap']}, plain {t['path/plain']}: {runs} runs")  # fmt: skip
 
 
 @pytest.mark.long
@@ -186,14 +210,15 @@ def test_the_check_of_a_graphs_replay_fails_a_stale_input_and_a_rewritten_output
 
 
 @pytest.mark.long
-def test_a_cached_ranking_with_graphs_checks_them_and_runs_without_them_here(interpreted):
-    graph, lines = interpreted["cache_hit"]
-    assert graph is False
-    assert lines == [
-        "the cached mLSTM GPU op's CUDA graphs (B16 H20) fail their check here (Unavailable: Triton's "
-        "interpreter has no CUDA graphs): the op runs without them"
-    ]
-    assert interpreted["cache_old"]  # an entry from before the graphs: the shape is timed afresh
+def test_a_cached_path_is_checked_before_it_runs(interpreted):
+    """Graphs: they fail here (the interpreter has none), one line, the op runs plain; the overlap: it passes,
+    it runs, nothing said; an entry from before the paths, or with a foreign chunk count: timed afresh."""
+    hits = interpreted["cache_hit"]
+    assert hits["graph"] == [False, 0, [
+        "the cached mLSTM GPU op's path (as CUDA graphs, B16 H20) fails its check here (Unavailable: Triton's "
+        "interpreter has no CUDA graphs): the op runs plain"]]  # fmt: skip
+    assert hits["overlap"] == [False, 4, []]
+    assert interpreted["cache_old"] == [True, True]
 
 
 @pytest.mark.long
@@ -259,9 +284,11 @@ def test_cuda_op_graph_replay_is_as_close_to_float64_as_the_op_without_it(loop, 
 
 
 @pytest.mark.gpu
-def test_cuda_op_graph_is_timed_beside_the_op_without_it():
+def test_cuda_op_graph_and_overlap_are_timed_beside_the_plain_op():
     gpu_tuning._choices.clear()
     choice = gpu_tuning._tune(16, 256, 256, torch.bfloat16, CUDA, True, triton_core.run_op)
     t = choice.times
-    assert isinstance(t["graph/op"], float) and isinstance(t["graph/eager"], float), t
-    assert choice.op_graph == (t["graph/op"] < t["graph/eager"] or op_graph.mode() == "1")
+    ms = {n: t[f"path/{n}"] for n in gpu_ranking.PATHS}
+    assert all(isinstance(v, float) for v in ms.values()), t
+    best = "graph" if op_graph.mode() == "1" else min(ms, key=ms.__getitem__)
+    assert (choice.op_graph, bool(choice.wgrad_chunks)) == (best == "graph", best == "overlap"), t

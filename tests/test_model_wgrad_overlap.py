@@ -38,11 +38,17 @@ def test_the_pieces_cover_the_steps_latest_first():
 
 def test_the_switch_is_a_chunk_count(monkeypatch):
     monkeypatch.delenv("MLSTM_WGRAD_OVERLAP", raising=False)
+    assert wgrad_overlap.chunks() is None  # the tuner's, per shape
+    monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "auto")
+    assert wgrad_overlap.chunks() is None
+    monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "0")
     assert wgrad_overlap.chunks() == 0
     monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "4")
     assert wgrad_overlap.chunks() == 4
     monkeypatch.setenv("MLSTM_WGRAD_OVERLAP", "some")
-    with pytest.raises(UserError, match="MLSTM_WGRAD_OVERLAP must be a number of time chunks"):
+    with pytest.raises(
+        UserError, match=r"MLSTM_WGRAD_OVERLAP must be a number of time chunks \(0: off\) or auto"
+    ):
         wgrad_overlap.chunks()
 
 

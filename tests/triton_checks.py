@@ -202,7 +202,7 @@ def tuning() -> dict:
     out: dict = {
         "choice": choice.times,
         "checked": sorted(map(list, choice.checked)),
-        "op_graph": choice.op_graph,
+        "paths": [choice.op_graph, choice.wgrad_chunks],
     }
     out["ranked_line"] = [ln for ln in lines if ln.startswith("ranked the mLSTM core's GPU loops")]
     loops = gpu_tuning.candidates(16, 20, torch.float32, dev)
@@ -500,11 +500,12 @@ def tuner_memory() -> dict:
 
 
 def op_graph() -> dict:
-    """The op's CUDA graphs without a GPU (Triton's interpreter has no graphs): the tuner says why they do not
-    run; a cached ranking that has them checks them at the hit and runs without them, in one line; the check
-    of a graph's replay (gpu_verify.check_op) passes an op whose graph path is right and fails one that
-    replays the capture's inputs or hands on outputs a later replay rewrites; op_graph.call_bytes against the
-    op's own tensors each way."""
+    """The op's paths without a GPU (Triton's interpreter has no CUDA graphs): the tuner says why the graphs do
+    not run and times the overlapped weight gradients beside the plain op; a cached ranking with graphs checks
+    them at the hit and runs plain, in one line, one with the overlap checks it and keeps it; the check of a
+    graph's replay (gpu_verify.check_op) passes an op whose graph path is right and fails one that replays the
+    capture's inputs or hands on outputs a later replay rewrites; op_graph.call_bytes against the op's own
+    tensors each way."""
     from dataclasses import replace
 
     from app.model import gpu_ranking, gpu_tuning, gpu_verify, op_graph, triton_core
@@ -514,16 +515,24 @@ def op_graph() -> dict:
     _keep_log("app.model.gpu_tuning", logging.INFO, lines)
     dev, f64 = torch.device("cpu"), torch.float64
     choice = gpu_tuning._forced(16, 20, f64, dev)  # MLSTM_GPU_LOOP's (persistent), untimed
-    gpu_ranking.rank_graph(choice, 16, 7, 20, f64, dev, triton_core.run_op)
-    out: dict = {"tuned": [choice.op_graph, choice.times["graph/op"], gpu_tuning.graph_words(choice)]}
+    gpu_ranking.rank_paths(choice, 16, 7, 20, f64, dev, triton_core.run_op)
+    out: dict = {
+        "tuned": [choice.op_graph, choice.wgrad_chunks, choice.times, gpu_ranking.path_words(choice)]
+    }
     out["check_op"] = {kind: gpu_verify.check_op(_emulated(kind), replace(choice, op_graph=True), 16, 7, 20, f64,
                                                  dev) for kind in ("right", "stale", "uncloned")}  # fmt: skip
     del lines[:]
-    _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, "op_graph": True})
-    hit = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op)
-    out["cache_hit"] = [hit.op_graph, [ln for ln in lines if "CUDA graphs" in ln]]
-    _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False})  # an entry from before them
-    out["cache_old"] = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op) is None
+    out["cache_hit"] = {}
+    for name, graph, chunks in (("graph", True, None), ("overlap", False, 4)):
+        del lines[:]
+        _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, "op_graph": graph,
+                      "wgrad_chunks": chunks})  # fmt: skip
+        hit = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op)
+        out["cache_hit"][name] = [hit.op_graph, hit.wgrad_chunks, [ln for ln in lines if "path" in ln]]
+    out["cache_old"] = []
+    for entry in ({"op_graph": None}, {"op_graph": False, "wgrad_chunks": "4"}):  # from before; a foreign one
+        _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, **entry})
+        out["cache_old"].append(gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op) is None)
     out["bytes"] = {}
     for dt, (B, T, D, H) in ((torch.float32, (5, 4, 7, 12)), (torch.bfloat16, (3, 6, 16, 8))):
         leaves, dy = gpu_verify.op_case(B, T, D, H, dt, dev, True, seed=0)

@@ -18,7 +18,7 @@ Read from the code (gpu_ranking.rank, gpu_verify, gpu_loops, triton_core.run_op)
        it is made from (112 u)
     Q  training: the whole op timed through its CUDA graphs (app/model/op_graph.py), beside A and W: the graph's
        static inputs and outputs and the copies handed on (2 op_graph.call_bytes at T_TUNE; none where a call is
-       too large for a graph)
+       too large for a graph), or with its weight gradients overlapped: their float32 accumulators
     P  the whole op timed against the reference core (prefers_reference, core "auto"): the reference's autograd
        at T_TUNE, counted as a layer's training activations (in + 17 H floats a token), beside W
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from app.model import op_graph
+from app.model import op_graph, wgrad_overlap
 from app.model.config import ModelConfig
 from app.model.gpu_tiles import interpreting, next_pow2
 
@@ -72,24 +72,34 @@ def tuner_bytes(B: int, H: int, D: int, s: int, backward: bool, graphs: bool, st
     Q = (
         2 * call if timed_graphs else 0
     )  # the op timed through its graphs: their tensors, the copies handed on
+    if backward:  # or with its weight gradients overlapped: their float32 accumulators
+        Q = max(Q, overlap_bytes(D, H, s))
     return max(C + (c * (2 * s + 12 * S) if graphs else 0), A + W + Q, A + alone, P)
 
 
-def op_graph_bytes(cfg: ModelConfig, tokens: int, device, element: int = 4) -> int:
-    """What the op's CUDA graphs hold while training on `device` with micro-batches of at most `tokens` padded
-    tokens (0 off CUDA, for the reference core, or where the graphs are off): the kept graphs' static tensors
-    (at most op_graph.MAX_BYTES; a layer's two widths, forward and backward, 4 graphs of the largest call)
-    and their shared pool (a call's temporaries, about twice its static tensors). A shape whose tuner finds
-    the graphs slower holds nothing; this counts them wherever they may run."""
+def overlap_bytes(D: int, H: int, s: int) -> int:
+    """The overlapped backward's accumulators beside the plain backward's (app/model/wgrad_overlap.py): each
+    weight gradient in float32 (float64 for float64 operands) while the pieces sum into it."""
+    return (5 * H * D + 5 * H * H + 4 * H) * (8 if s == 8 else 4)
+
+
+def op_paths_bytes(cfg: ModelConfig, tokens: int, device, element: int = 4) -> int:
+    """What the op's paths other than plain hold while training on `device` with micro-batches of at most
+    `tokens` padded tokens (0 off CUDA or for the reference core): where its CUDA graphs may run, the kept
+    graphs' static tensors (at most op_graph.MAX_BYTES; a layer's two widths, forward and backward, 4 graphs of
+    the largest call) and their shared pool (a call's temporaries, about twice its static tensors); the
+    overlapped weight gradients' accumulators of one backward (unless MLSTM_WGRAD_OVERLAP=0). A shape whose tuner finds a path slower holds
+    nothing of it; this counts them wherever they may run."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda" or cfg.cell != "mlstm" or cfg.core == "python":
         return 0
-    if op_graph.why_not(dev) is not None:
-        return 0
     D = max(cfg.embed_dim, cfg.hidden_dim if cfg.num_layers > 1 else 0)
-    call = op_graph.call_bytes(tokens, D, cfg.hidden_dim, element)
-    cap = op_graph.MAX_BYTES
-    return min(cap, 4 * call) + min(2 * call, cap)
+    graphs = 0
+    if op_graph.why_not(dev) is None:
+        call = op_graph.call_bytes(tokens, D, cfg.hidden_dim, element)
+        graphs = min(op_graph.MAX_BYTES, 4 * call) + min(2 * call, op_graph.MAX_BYTES)
+    overlap = overlap_bytes(D, cfg.hidden_dim, element) if wgrad_overlap.chunks() != 0 else 0
+    return graphs + overlap
 
 
 def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, element: int = 4) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from app.model import gpu_loops, gpu_traffic, gpu_verify, op_graph
+from app.model import gpu_loops, gpu_traffic, gpu_verify, op_graph, wgrad_overlap
 from app.model.gpu_loops import Loop
 from app.model.gpu_tiles import interpreting, predicted_us, weights_in_l2
 
@@ -45,6 +45,9 @@ class Choice:
     times: dict = field(default_factory=dict)
     checked: set = field(default_factory=set)
     op_graph: bool | None = None  # the op runs as CUDA graphs (app/model/op_graph.py); None: not compared yet
+    wgrad_chunks: int | None = (
+        None  # time chunks of the overlapped weight gradients (wgrad_overlap.py; 0: none)
+    )
 
     @property
     def fwd(self) -> Loop | None:
@@ -162,34 +165,67 @@ def rank(loops: list[Loop], B: int, D: int, H: int, dtype: torch.dtype, device, 
     return Choice(fwd, bwd if backward else None, times=times, checked=checked)
 
 
-def rank_graph(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, device, op: Op) -> None:
-    """Whether the shape's op runs as CUDA graphs (app/model/op_graph.py; training: forward and backward): their
-    replay checked against the float64 reference (gpu_verify.check_op), then the whole op timed with and
-    without them, side by side (`graph/op`, `graph/eager`); `choice.op_graph` says which runs (MLSTM_OP_GRAPH=1:
-    the graphs wherever they pass). Where they cannot run or fail their check, why is under `graph/op`."""
-    trial, eager = replace(choice, op_graph=True), replace(choice, op_graph=False)
+PATHS = {"graph": "as CUDA graphs", "overlap": "weight gradients overlapped", "plain": "plain"}
+
+
+def rank_paths(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, device, op: Op) -> None:
+    """How the shape's op runs in training, measured: plain (the loops' own graphs where they have them), as
+    CUDA graphs each way (app/model/op_graph.py), or with the weight gradients overlapped with the loop
+    (app/model/wgrad_overlap.py, AUTO_CHUNKS pieces; not tried where MLSTM_WGRAD_OVERLAP decides for every
+    shape). Each path but plain is first checked against the float64 reference on the path it runs
+    (gpu_verify.check_op); those that pass are timed as the whole op beside plain (`path/<name>`, ms for T_TUNE
+    steps) and the fastest runs (MLSTM_OP_GRAPH=1: the graphs wherever they pass). Where a path cannot run or
+    fails its check, why is under its key. Sets choice.op_graph and choice.wgrad_chunks."""
+    plain = replace(choice, op_graph=False, wgrad_chunks=0)
+    trials = {"graph": replace(plain, op_graph=True)}
+    if wgrad_overlap.chunks() is None:
+        trials["overlap"] = replace(plain, wgrad_chunks=wgrad_overlap.AUTO_CHUNKS)
+    inputs: tuple = ()
     ms: dict[str, float] = {}
-    try:  # (the shape's call at the timed length too large for a graph: not run at all)
-        wrong = op_graph.too_large(op_graph.call_bytes(B * T_TUNE, D, H, dtype.itemsize)) or gpu_verify.check_op(
-            op, trial, B, D, H, dtype, device)  # fmt: skip
-        if wrong is None:
-            inputs = op_inputs(B, D, H, dtype, device, backward=True)
-            ms = {
-                "graph/eager": time_ms(lambda: op(eager, *inputs)),
-                "graph/op": time_ms(lambda: op(trial, *inputs)),
-            }
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as e:
-        wrong = why(e)
-    finally:
-        op_graph.forget(id(trial))  # the check's and the timing's graphs: not training's
-    if wrong is not None:
-        choice.times["graph/op"] = wrong
-        choice.op_graph = False
-        return
-    choice.times.update({k: round(v, 3) for k, v in ms.items()})
-    choice.op_graph = op_graph.mode() == "1" or ms["graph/op"] < ms["graph/eager"]
+    for name, trial in trials.items():
+        try:
+            wrong = _path_why_not(name, trial, B, D, H, dtype, device, op)
+            if wrong is None:
+                inputs = inputs or op_inputs(B, D, H, dtype, device, backward=True)
+                ms[name] = time_ms(lambda t=trial, i=inputs: op(t, *i))
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:
+            wrong = why(e)
+        finally:
+            op_graph.forget(id(trial))  # the check's and the timing's graphs: not training's
+        if wrong is not None:
+            choice.times[f"path/{name}"] = wrong
+    if ms:
+        ms["plain"] = time_ms(lambda: op(plain, *inputs))
+    choice.times.update({f"path/{k}": round(v, 3) for k, v in ms.items()})
+    best = min(ms, key=ms.__getitem__) if ms else "plain"
+    if op_graph.mode() == "1" and "graph" in ms:
+        best = "graph"
+    chosen = trials.get(best, plain)
+    choice.op_graph, choice.wgrad_chunks = chosen.op_graph, chosen.wgrad_chunks
+
+
+def _path_why_not(
+    name: str, trial: Choice, B: int, D: int, H: int, dtype: torch.dtype, device, op: Op
+) -> str | None:
+    """Why the op's path `name` may not run the shape (too large for a graph, or off the float64 reference), or
+    None; what the op raises propagates."""
+    if name == "graph" and (big := op_graph.too_large(op_graph.call_bytes(B * T_TUNE, D, H, dtype.itemsize))):
+        return big  # not run at all
+    return gpu_verify.check_op(op, trial, B, D, H, dtype, device)
+
+
+def path_words(choice: Choice) -> str:
+    """The op's paths as the ranking line ends: each one's ms beside plain's, or why it did not run, and which
+    runs ("" where they were not compared)."""
+    t = choice.times
+    parts = [f"{words} {t[f'path/{n}']}" if isinstance(t[f"path/{n}"], float) else f"{words}: not run ({t[f'path/{n}']})"
+             for n, words in PATHS.items() if f"path/{n}" in t]  # fmt: skip
+    if not parts:
+        return ""
+    runs = "graph" if choice.op_graph else "overlap" if choice.wgrad_chunks else "plain"
+    return f"; the whole op {', '.join(parts)}: {PATHS[runs]} runs"
 
 
 def _alone(fwd: list[Loop], bwd: list[Loop], B: int, H: int, dtype: torch.dtype, device, times: dict) -> None:

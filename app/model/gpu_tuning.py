@@ -8,7 +8,10 @@ the float64 reference on a fresh input with a partial batch tile, on the path tr
 (app/model/gpu_verify.py), then timed as the layer runs them: the whole op, forward and backward back to back
 (app/model/gpu_ranking.py); those that pass are ranked by that time for the process. `prefers_reference` then
 times the whole op against the Python reference core (the dispatcher runs the reference where it wins, so the
-GPU path is never slower than it). The ranking is logged once with each loop's whole-op time, its time alone
+GPU path is never slower than it). For training the tuner then measures how the op runs best
+(gpu_ranking.rank_paths): plain, as CUDA graphs each way (app/model/op_graph.py) or with its weight gradients
+overlapped with the loop (app/model/wgrad_overlap.py), each checked against float64 on its own path first. The
+ranking is logged once with each loop's whole-op time, its time alone
 and the traffic model's. A candidate that fails (a cooperative grid too large for the device, a kernel this
 Triton cannot build, a result off the reference) is left out with its reason. Rankings are also written to disk
 (app/model/gpu_choice_cache.py), so a later run starts without timing; a ranking read from disk has every loop
@@ -33,7 +36,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -80,8 +82,8 @@ def _tune(B: int, D: int, H: int, dtype: torch.dtype, device, backward: bool, op
     )  # fmt: skip
     try:
         choice = gpu_ranking.rank(loops, B, D, H, dtype, device, backward, op, {})
-        if backward:  # training: the whole op as CUDA graphs, where they run and pay
-            gpu_ranking.rank_graph(choice, B, D, H, dtype, device, op)
+        if backward:  # training: the op as CUDA graphs or its weight gradients overlapped, where they pay
+            gpu_ranking.rank_paths(choice, B, D, H, dtype, device, op)
     finally:
         gpu_loops.clear_graphs()  # the tuning lengths' graphs and arenas: not needed again
     log.info("%s", ranking_line(choice, B, H, dtype))
@@ -100,16 +102,7 @@ def ranking_line(choice: Choice, B: int, H: int, dtype: torch.dtype) -> str:
             parts.append(f"{k} [{lp.tiles.short(d == 'fwd')}] {ms}")
     dt = str(dtype).removeprefix("torch.")
     return (f"ranked the mLSTM core's GPU loops for B{B} H{H} {dt} (ms for T={gpu_ranking.T_TUNE}: whole op / loop "
-            f"alone / traffic model): " + "; ".join(parts) + graph_words(choice))  # fmt: skip
-
-
-def graph_words(choice: Choice) -> str:
-    """The op as CUDA graphs against without, as the ranking line ends ("" where it was not compared)."""
-    t = choice.times
-    if "graph/eager" in t:
-        runs = "runs" if choice.op_graph else "does not run"
-        return f"; the whole op as CUDA graphs {t['graph/op']} against {t['graph/eager']} without: it {runs}"
-    return f"; the whole op as CUDA graphs: not run ({t['graph/op']})" if "graph/op" in t else ""
+            f"alone / traffic model): " + "; ".join(parts) + gpu_ranking.path_words(choice))  # fmt: skip
 
 
 def _checked(choice: Choice, loop: Loop, fwd: bool, B: int, H: int, bufs: dict) -> str | None:
@@ -341,6 +334,7 @@ def _code_files() -> tuple[str, ...]:
         "triton_parts.py",
         "gpu_tuning.py",
         "op_graph.py",
+        "wgrad_overlap.py",
         "triton_core.py",
         "mlstm_core.py",
     )
@@ -353,8 +347,8 @@ def _cached(
     """The ranking stored for the shape, every loop in it checked on a small input (once per process: the choice
     is then kept in _choices), or None: nothing stored, an entry this code does not know (another format, a
     loop label that is not a candidate here), or one whose first loop fails its check now (said in one line).
-    A fallback that fails its check is dropped from the ranking (said in one line); the op's CUDA graphs, where
-    the entry has them, are checked too (`_cached_graph`)."""
+    A fallback that fails its check is dropped from the ranking (said in one line); the op's path, where the
+    entry has one (its CUDA graphs, its weight gradients overlapped), is checked too (`_cached_path`)."""
     entry = gpu_choice_cache.load(B, H, dtype, device, _code_files(), _variant(dtype))
     if entry is None:
         return None
@@ -366,7 +360,10 @@ def _cached(
     except (KeyError, TypeError):
         return None  # a foreign or older entry: time it
     flags = (entry["python"], entry.get("op_graph", "absent"))
+    chunks = entry.get("wgrad_chunks", "absent")
     if not fwd or (backward and not bwd) or not all(isinstance(f, (bool, type(None))) for f in flags):
+        return None
+    if not (chunks is None or (type(chunks) is int and 0 <= chunks <= 64)):
         return None
     for order, d in ((choice.fwd_order, True), (choice.bwd_order or [], False)):
         for loop in list(order):
@@ -380,32 +377,35 @@ def _cached(
             if first:
                 return None
             order.remove(loop)
-    choice.op_graph = entry["op_graph"] and _cached_graph(choice, B, H, dtype, device, op)
+    choice.op_graph, choice.wgrad_chunks = entry["op_graph"], chunks
+    if choice.op_graph or choice.wgrad_chunks:
+        _cached_path(choice, B, H, dtype, device, op)
     return choice
 
 
-def _cached_graph(
+def _cached_path(
     choice: Choice, B: int, H: int, dtype: torch.dtype, device, op: gpu_ranking.Op | None
-) -> bool:
-    """Whether the op's CUDA graphs a cached ranking chose run here: their replay passes its float64 check
-    (gpu_verify.check_op) in this process; else one line, and the op runs without them."""
-    trial = replace(choice, op_graph=True)
-    try:  # at input width H: the graphs' code is the same at any
+) -> None:
+    """The op's path a cached ranking chose (its CUDA graphs, or its weight gradients overlapped), checked in
+    this process (gpu_verify.check_op, at input width H: the path's code is the same at any); where it fails,
+    one line, and the op runs plain."""
+    try:
         wrong = (
-            "no op to check them with"
+            "no op to check it with"
             if op is None
-            else gpu_verify.check_op(op, trial, B, H, H, dtype, device)
+            else gpu_verify.check_op(op, choice, B, H, H, dtype, device)
         )
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as e:
         wrong = why(e)
     finally:
-        op_graph.forget(id(trial))
+        op_graph.forget(id(choice))  # the check's graphs: not training's
     if wrong is not None:
-        log.warning("the cached mLSTM GPU op's CUDA graphs (B%d H%d) fail their check here (%s): the op runs "
-                    "without them", B, H, wrong)  # fmt: skip
-    return wrong is None
+        path = gpu_ranking.PATHS["graph" if choice.op_graph else "overlap"]
+        log.warning("the cached mLSTM GPU op's path (%s, B%d H%d) fails its check here (%s): the op runs plain",
+                    path, B, H, wrong)  # fmt: skip
+        choice.op_graph, choice.wgrad_chunks = False, 0
 
 
 def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
@@ -413,7 +413,7 @@ def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
         return
     bwd = [lp.label for lp in choice.bwd_order] if choice.bwd_order is not None else None
     entry = {"fwd": [lp.label for lp in choice.fwd_order], "bwd": bwd, "python": choice.python,
-             "op_graph": choice.op_graph}  # fmt: skip
+             "op_graph": choice.op_graph, "wgrad_chunks": choice.wgrad_chunks}  # fmt: skip
     gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
 
 

@@ -101,9 +101,15 @@ def _why_none(loops: gpu_tuning.Choice) -> str:
     return loops.times.get("failed", f"every GPU loop of this shape failed in this process ({loops.times})")
 
 
-def _graph_why_not(device) -> str | None:
+def _overlap(choice: gpu_tuning.Choice) -> int:
+    """The time chunks of the overlapped backward (0: none): MLSTM_WGRAD_OVERLAP's, else the shape's choice."""
+    forced = wgrad_overlap.chunks()
+    return forced if forced is not None else choice.wgrad_chunks or 0
+
+
+def _graph_why_not(choice: gpu_tuning.Choice, device) -> str | None:
     """Why the op does not run as CUDA graphs here (app/model/op_graph.py), or None."""
-    if wgrad_overlap.chunks():
+    if _overlap(choice):
         return "the weight gradients overlap the loop on a side stream (MLSTM_WGRAD_OVERLAP)"
     if gpu_health.host_wait():
         return "MLSTM_BARRIER_HOST_WAIT=1 waits on the host after each persistent launch"
@@ -112,7 +118,7 @@ def _graph_why_not(device) -> str | None:
 
 def _graphed(choice: gpu_tuning.Choice, t: torch.Tensor) -> bool:
     """Whether this call runs through the op's graphs: the tuner chose them for the shape, and they run here."""
-    return bool(choice.op_graph) and _graph_why_not(t.device) is None
+    return bool(choice.op_graph) and _graph_why_not(choice, t.device) is None
 
 
 def _through_graph(choice: gpu_tuning.Choice, tag: tuple, fn, inputs: list, strict: bool) -> list:
@@ -182,8 +188,9 @@ def _grads(choice, dy, xt, w_in, w_mh, w_m, pm, gates, cs, tcs, rs, ms, hs, need
         dr=torch.empty(T, B, H, dtype=cdt, **kw),
         dc=torch.zeros(B, H, dtype=sdt, **kw),
     )  # fmt: skip
-    if n := wgrad_overlap.chunks():  # the weight gradients overlapped with the loop, in time pieces
-        return wgrad_overlap.backward(choice, bufs, xt, w_in, ms, hs[:-1], need_dx, n)
+    if n := _overlap(choice):  # the weight gradients overlapped with the loop, in time pieces
+        run_piece = lambda piece, steps: gpu_tuning.run(choice, False, piece, B, steps, H)  # noqa: E731
+        return wgrad_overlap.backward(run_piece, bufs, xt, w_in, ms, hs[:-1], need_dx, n)
     gpu_tuning.run(choice, False, bufs, B, T, H)
     N = T * B
     dP2 = bufs["dp"].view(N, 5 * H)
@@ -202,9 +209,10 @@ def run_op(choice: gpu_tuning.Choice, leaves: list, dy: torch.Tensor | None) -> 
     """The op's forward (x, w_in, bias, w_mh, w_m) -> h with `choice`'s loops and, given dy, its backward: the
     code TritonMLSTMFunction runs, without autograd's bookkeeping (the tuner times and checks candidates
     through it). With choice.op_graph, through the op's CUDA graphs as training runs them (raises where they
-    cannot run: op_graph.Unavailable, or a capture that fails). -> (h, (dx, d(w_in), d(bias), d(w_mh), d(w_m))
+    cannot run: op_graph.Unavailable, or a capture that fails); with choice.wgrad_chunks, the weight gradients
+    overlapped with the loop (app/model/wgrad_overlap.py). -> (h, (dx, d(w_in), d(bias), d(w_mh), d(w_m))
     or None)."""
-    if choice.op_graph and (why := _graph_why_not(leaves[0].device)):
+    if choice.op_graph and (why := _graph_why_not(choice, leaves[0].device)):
         raise op_graph.Unavailable(why)
     h, _, kept = _run_forward(choice, leaves, (), grad=True, strict=True)
     grads = _run_backward(choice, dy, kept, need_dx=True, strict=True) if dy is not None else None

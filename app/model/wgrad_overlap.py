@@ -1,6 +1,7 @@
-"""The backward's weight-gradient products overlapped with its time loop (MLSTM_WGRAD_OVERLAP=N: N time chunks).
+"""The backward's weight-gradient products overlapped with its time loop, where the tuner measured that it pays
+(app/model/gpu_ranking.rank_paths: AUTO_CHUNKS time chunks), or everywhere with MLSTM_WGRAD_OVERLAP=N (0: off).
 
-Without it (the default) the GPU core's backward runs the whole time loop, then five products over all T*B
+Without it the GPU core's backward runs the whole time loop, then five products over all T*B
 rows (d(w_m), d(w_mh), d(bias), d(w_in), dx: app/model/triton_core.py). With N chunks the loop runs over the
 time steps in N pieces, the latest first (the dc carry left in its buffer from one piece to the next, the
 piece's last step given d(r) of the step after it through dy: dy_{b-1} += d(r_b) W_mh), and as each piece
@@ -8,32 +9,38 @@ finishes, its rows' products start on a side CUDA stream while the loop goes on 
 stream waits for them once, at the end. The products sum into float32 accumulators (float64 for float64
 operands), cast to the weights' dtype at the end. The same gradients as without overlap, up to the order of
 the sums (tests/test_model_wgrad_overlap.py: against the float64 reference, every loop, in Triton's
-interpreter, where a side stream is none). Whether it pays is measured on a GPU (bench/wgrad_overlap.py);
-graphed loops run their pieces eagerly (a piece carries its dc in, which a captured graph zeroes).
+interpreter, where a side stream is none). Whether it pays is measured per shape by the tuner, and on a GPU at
+2, 4 and 8 chunks by bench/wgrad_overlap.py; graphed loops run their pieces eagerly (a piece carries its dc in, which a captured graph zeroes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_tuning
 
 _side: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def chunks() -> int:
-    """MLSTM_WGRAD_OVERLAP: the time chunks of the overlapped backward (0 or unset: off)."""
-    raw = os.environ.get("MLSTM_WGRAD_OVERLAP", "0")
+AUTO_CHUNKS = 4  # the time chunks the tuner tries where MLSTM_WGRAD_OVERLAP leaves it to it
+
+
+def chunks() -> int | None:
+    """MLSTM_WGRAD_OVERLAP: the time chunks of the overlapped backward for every shape (0: off); None where it is
+    unset or "auto" (the tuner's choice per shape, app/model/gpu_ranking.rank_paths)."""
+    raw = os.environ.get("MLSTM_WGRAD_OVERLAP", "auto")
+    if raw in ("", "auto"):
+        return None
     try:
         n = int(raw)
     except ValueError:
         n = -1
     if n < 0:
-        raise UserError(f"MLSTM_WGRAD_OVERLAP must be a number of time chunks (0: off), got {raw!r}")
+        raise UserError(f"MLSTM_WGRAD_OVERLAP must be a number of time chunks (0: off) or auto, got {raw!r}")
     return n
 
 
@@ -53,11 +60,12 @@ def _streams(device: torch.device):
     return torch.cuda.current_stream(device), _side[device]
 
 
-def backward(choice, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, ms: torch.Tensor, hs: torch.Tensor,
-             need_dx: bool, n: int) -> tuple:  # fmt: skip
-    """triton_core._backward's results, (dx, d(w_in), d(bias), d(w_mh), d(w_m)), with the loop in `n` time
-    pieces and each piece's products on the side stream. `bufs`: the backward loop's buffers (dy a private
-    copy: its rows at the pieces' edges are added to)."""
+def backward(run_piece: Callable[[dict, int], None], bufs: dict, xt: torch.Tensor, w_in: torch.Tensor,
+             ms: torch.Tensor, hs: torch.Tensor, need_dx: bool, n: int) -> tuple:  # fmt: skip
+    """triton_core._grads' results, (dx, d(w_in), d(bias), d(w_mh), d(w_m)), with the loop in `n` time pieces
+    and each piece's products on the side stream. `run_piece(piece, steps)` runs the backward loop over a
+    piece's buffers (the shape's loop, falling back as gpu_tuning.run does). `bufs`: the backward loop's
+    buffers (dy a private copy: its rows at the pieces' edges are added to)."""
     dy, dp, dr = bufs["dy"], bufs["dp"], bufs["dr"]
     T, B, H = dy.shape
     D, dev, cdt, sdt = xt.shape[1], dy.device, dp.dtype, bufs["cs"].dtype
@@ -77,7 +85,7 @@ def backward(choice, bufs: dict, xt: torch.Tensor, w_in: torch.Tensor, ms: torch
         piece = {k: bufs[k][a:b] for k in ("pm", "gates", "tcs", "rs", "dy", "dp", "dr")}
         piece.update(w_mh_t=bufs["w_mh_t"], w_m_t=bufs["w_m_t"], cs=bufs["cs"][a : b + 1], dc=bufs["dc"],
                      dc_carry=bufs["dc"])  # fmt: skip
-        gpu_tuning.run(choice, False, piece, B, b - a, H)
+        run_piece(piece, b - a)
         if side is not None:
             side.wait_stream(main)  # the piece's outputs are written
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():

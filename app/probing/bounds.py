@@ -18,7 +18,7 @@ import numpy as np
 
 from app.classifier.features import length_batches
 from app.common.resources import cap, check_fits
-from app.model.first_call import first_call_bytes, op_graph_bytes
+from app.model.first_call import first_call_bytes, op_paths_bytes
 from app.model.memory import activation_floats_per_token, prefill_floats_per_token, step_bytes, weight_bytes
 from app.probing.config import TransferConfig
 
@@ -81,7 +81,7 @@ def finetune_bytes(
         model_cfg, device
     )
     first = first_call_bytes(model_cfg, max(1, tokens // max(1, steps)), device, backward=True)  # (GPU core)
-    first += op_graph_bytes(model_cfg, tokens, device)  # (its CUDA graphs)
+    first += op_paths_bytes(model_cfg, tokens, device)  # (its other paths)
     return acts + FINETUNE_COPIES * weight_bytes(model_cfg) + first
 
 

@@ -37,7 +37,7 @@ from app.batching.run_data import RunData
 from app.common.resources import Part, available_memory, cap, refuse_over
 from app.generation.config import generation_bytes
 from app.model.config import ModelConfig, matrix_parameters
-from app.model.first_call import first_call_bytes, op_graph_bytes
+from app.model.first_call import first_call_bytes, op_paths_bytes
 from app.model.memory import ENGINE_BYTES, bytes_per_token, training_state_bytes, weight_bytes
 from app.parallel.layout import ACCUM, GLOBAL, MICRO, Layout
 from app.training.config import TrainConfig
@@ -151,13 +151,13 @@ def process_bytes(model_cfg: ModelConfig, layout: Layout, tokens: int, device=No
     (ZeRO-3 spreads it evenly over the world; other layouts hold more), and its stage's share of the
     activations of a micro-batch of `tokens` padded tokens through the whole model, for each micro-batch
     the pipeline keeps in flight (1F1B: the first stage holds up to P of them, or the accumulation's); on a
-    CUDA `device`, the GPU core's first call at the micro-batch's bucket and its op's CUDA graphs
+    CUDA `device`, the GPU core's first call at the micro-batch's bucket and its op's other paths
     (app.model.first_call)."""
     element = 2 if layout.precision in ("bf16", "fp16") else 4
     state = training_state_bytes(model_cfg) // layout.world_size + ENGINE_BYTES
     in_flight = min(layout.stages, max(1, layout.grad_accum))
     first = first_call_bytes(model_cfg, layout.micro_batch, device, backward=True, element=element)
-    graphs = op_graph_bytes(model_cfg, tokens, device, element)
+    graphs = op_paths_bytes(model_cfg, tokens, device, element)
     return (
         state
         + in_flight * tokens * bytes_per_token(model_cfg, True, element) // layout.stages
