@@ -338,7 +338,9 @@ def faults() -> dict:
             f.write("{not json")
 
     def foreign() -> None:
-        _store_entry({"fwd": ["warp9"], "bwd": ["persistent"], "python": False, "op_graph": False})
+        _store_entry(
+            {"fwd": ["warp9"], "bwd": ["persistent"], "python": False, "op_graph": False, "wgrad_chunks": 0}
+        )
 
     case("cache_corrupt", "", before=corrupt)
     case("cache_foreign", "", before=foreign)
@@ -351,7 +353,15 @@ def faults() -> dict:
         b["hs"][1:, -1].mul_(1.5)
 
     def wrong_cached() -> None:
-        _store_entry({"fwd": ["step", "cublas"], "bwd": ["cublas"], "python": False, "op_graph": False})
+        _store_entry(
+            {
+                "fwd": ["step", "cublas"],
+                "bwd": ["cublas"],
+                "python": False,
+                "op_graph": False,
+                "wgrad_chunks": 0,
+            }
+        )
         gpu_tuning.StepLoop.forward = wrong_step
 
     case("cache_wrong", "", before=wrong_cached)
@@ -595,6 +605,7 @@ def _wrong_fallbacks(case, step_forward, wrong_step) -> None:
             "bwd": ["persistent", "cublas"],
             "python": False,
             "op_graph": False,
+            "wgrad_chunks": 0,
         }
         case("cache_fallback_wrong", "", before=lambda: _store_entry(fallback))
     finally:
