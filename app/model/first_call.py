@@ -88,8 +88,8 @@ def op_paths_bytes(cfg: ModelConfig, tokens: int, device, element: int = 4) -> i
     `tokens` padded tokens (0 off CUDA or for the reference core): where its CUDA graphs may run, the kept
     graphs' static tensors (at most op_graph.MAX_BYTES; a layer's two widths, forward and backward, 4 graphs of
     the largest call) and their shared pool (a call's temporaries, about twice its static tensors); the
-    overlapped weight gradients' accumulators of one backward (unless MLSTM_WGRAD_OVERLAP=0). A shape whose tuner finds a path slower holds
-    nothing of it; this counts them wherever they may run."""
+    overlapped weight gradients' accumulators of one backward (unless MLSTM_WGRAD_OVERLAP=0). A shape whose
+    tuner finds a path slower holds nothing of it; this counts them wherever they may run."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda" or cfg.cell != "mlstm" or cfg.core == "python":
         return 0

@@ -110,7 +110,7 @@ def _overlap(choice: gpu_tuning.Choice) -> int:
 def _graph_why_not(choice: gpu_tuning.Choice, device) -> str | None:
     """Why the op does not run as CUDA graphs here (app/model/op_graph.py), or None."""
     if _overlap(choice):
-        return "the weight gradients overlap the loop on a side stream (MLSTM_WGRAD_OVERLAP)"
+        return "the weight gradients overlap the loop on a side stream (the shape's choice, or MLSTM_WGRAD_OVERLAP)"
     if gpu_health.host_wait():
         return "MLSTM_BARRIER_HOST_WAIT=1 waits on the host after each persistent launch"
     return op_graph.why_not(device)
