@@ -148,6 +148,32 @@ def test_the_paths_are_said_with_their_times_and_which_runs():
     assert gpu_ranking.path_words(choice).endswith(": weight gradients overlapped runs")
 
 
+def test_a_path_the_environment_set_is_not_cached_as_the_shapes(tmp_path, monkeypatch):
+    """MLSTM_OP_GRAPH=0|1, MLSTM_CUDA_GRAPHS=0 or MLSTM_WGRAD_OVERLAP=N decide the path for every shape: the
+    disk cache then stores the ranking's path as not compared (a later run measures its own)."""
+    from app.model import gpu_choice_cache
+
+    pytest.importorskip("triton")  # the cache's key names the Triton release
+    monkeypatch.setenv("MLSTM_CACHE_DIR", str(tmp_path))
+    for name in ("MLSTM_OP_GRAPH", "MLSTM_CUDA_GRAPHS", "MLSTM_WGRAD_OVERLAP"):
+        monkeypatch.delenv(name, raising=False)
+    choice = _choice(graph=True)
+    choice.wgrad_chunks = 0
+
+    def stored() -> tuple:
+        gpu_tuning._store(16, 20, torch.float32, "cpu", choice)
+        entry = gpu_choice_cache.load(16, 20, torch.float32, "cpu", gpu_tuning._code_files())
+        return entry["op_graph"], entry["wgrad_chunks"]
+
+    assert not gpu_ranking.paths_set() and stored() == (True, 0)
+    for env in ({"MLSTM_OP_GRAPH": "1"}, {"MLSTM_OP_GRAPH": "0"}, {"MLSTM_CUDA_GRAPHS": "0"},
+                {"MLSTM_WGRAD_OVERLAP": "4"}):  # fmt: skip
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert gpu_ranking.paths_set() and stored() == (None, None), env
+
+
 def test_the_memory_estimates_count_the_paths_where_they_may_run(monkeypatch):
     from app.training import bounds
 
@@ -211,14 +237,19 @@ def test_the_check_of_a_graphs_replay_fails_a_stale_input_and_a_rewritten_output
 
 @pytest.mark.long
 def test_a_cached_path_is_checked_before_it_runs(interpreted):
-    """Graphs: they fail here (the interpreter has none), one line, the op runs plain; the overlap: it passes,
-    it runs, nothing said; an entry from before the paths, or with a foreign chunk count: timed afresh."""
+    """Graphs where this run has none (the interpreter; MLSTM_OP_GRAPH=0 alike): left out, nothing said; the
+    overlap: it passes its check, it runs; an overlap that sums a gradient wrong: one line, the op runs plain;
+    an entry from before the paths, or with a foreign chunk count: timed afresh; one without the shape's own
+    path: the paths measured at the hit and stored."""
     hits = interpreted["cache_hit"]
-    assert hits["graph"] == [False, 0, [
-        "the cached mLSTM GPU op's path (as CUDA graphs, B16 H20) fails its check here (Unavailable: Triton's "
-        "interpreter has no CUDA graphs): the op runs plain"]]  # fmt: skip
-    assert hits["overlap"] == [False, 4, []]
+    assert hits["graph"] == [False, None, []] and hits["overlap"] == [False, 4, []]
+    graph, chunks, (line,) = hits["overlap_wrong"]
+    assert (graph, chunks) == (False, 0)
+    assert line.startswith("the cached mLSTM GPU op's path (weight gradients overlapped, B16 H20) fails its check "
+                           "here (d(w_m) of call 2 differs from the float64 reference by ")  # fmt: skip
+    assert line.endswith("): the op runs plain"), line
     assert interpreted["cache_old"] == [True, True]
+    assert interpreted["cache_unranked"] == [["path/graph", "path/overlap", "path/plain"], False, True]
 
 
 @pytest.mark.long

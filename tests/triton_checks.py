@@ -518,7 +518,7 @@ def op_graph() -> dict:
     tensors each way."""
     from dataclasses import replace
 
-    from app.model import gpu_ranking, gpu_tuning, gpu_verify, op_graph, triton_core
+    from app.model import gpu_ranking, gpu_tuning, gpu_verify, op_graph, triton_core, wgrad_overlap
 
     gpu_ranking.T_TUNE, gpu_ranking.REPS, gpu_ranking.WARMUP, gpu_verify.T_CHECK = 3, 1, 0, 3
     lines: list[str] = []
@@ -533,12 +533,33 @@ def op_graph() -> dict:
                                                  dev) for kind in ("right", "stale", "uncloned")}  # fmt: skip
     del lines[:]
     out["cache_hit"] = {}
-    for name, graph, chunks in (("graph", True, None), ("overlap", False, 4)):
+    products = wgrad_overlap._products
+
+    def wrong_products(grads, *args):  # an overlap that sums d(w_m) wrong (a race on a GPU, a bad driver)
+        products(grads, *args)
+        grads["w_m"].mul_(1.5)
+
+    for name, graph, chunks in (("graph", True, None), ("overlap", False, 4), ("overlap_wrong", False, 4)):
         del lines[:]
         _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, "op_graph": graph,
                       "wgrad_chunks": chunks})  # fmt: skip
+        wgrad_overlap._products = wrong_products if name == "overlap_wrong" else products
         hit = gpu_tuning._cached(16, 20, f64, dev, True, triton_core.run_op)
         out["cache_hit"][name] = [hit.op_graph, hit.wgrad_chunks, [ln for ln in lines if "path" in ln]]
+    wgrad_overlap._products = products
+    # a ranking cached without the shape's own path (a forward-only one's, or the environment chose it): the
+    # paths are measured at the hit, and stored
+    _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, "op_graph": None,
+                  "wgrad_chunks": None})  # fmt: skip
+    gpu_tuning._choices.clear()
+    os.environ["MLSTM_GPU_LOOP"] = ""  # the tuner's own choice, not the interpreter's default forced loop
+    hit = gpu_tuning.loops_for(torch.zeros(16, 2, 7, dtype=f64), torch.zeros(20, 20, dtype=f64), True,
+                               triton_core.run_op)  # fmt: skip
+    from app.model import gpu_choice_cache
+
+    stored = gpu_choice_cache.load(16, 20, f64, "cpu", gpu_tuning._code_files())
+    out["cache_unranked"] = [sorted(k for k in hit.times if k.startswith("path/")), stored["op_graph"],
+                             stored["wgrad_chunks"] == hit.wgrad_chunks]  # fmt: skip
     out["cache_old"] = []
     for entry in ({"op_graph": None}, {"op_graph": False, "wgrad_chunks": "4"}):  # from before; a foreign one
         _store_entry({"fwd": ["persistent"], "bwd": ["persistent"], "python": False, **entry})

@@ -13,10 +13,11 @@ once, not every pair. Beside it each loop is timed alone (`loop/...`) and the tr
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -176,10 +177,10 @@ def rank_paths(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, devic
     (gpu_verify.check_op); those that pass are timed as the whole op beside plain (`path/<name>`, ms for T_TUNE
     steps) and the fastest runs (MLSTM_OP_GRAPH=1: the graphs wherever they pass). Where a path cannot run or
     fails its check, why is under its key. Sets choice.op_graph and choice.wgrad_chunks."""
-    plain = replace(choice, op_graph=False, wgrad_chunks=0)
-    trials = {"graph": replace(plain, op_graph=True)}
+    plain = gpu_verify.trial(choice, op_graph=False, wgrad_chunks=0)
+    trials = {"graph": gpu_verify.trial(choice, op_graph=True, wgrad_chunks=0)}
     if wgrad_overlap.chunks() is None:
-        trials["overlap"] = replace(plain, wgrad_chunks=wgrad_overlap.AUTO_CHUNKS)
+        trials["overlap"] = gpu_verify.trial(choice, op_graph=False, wgrad_chunks=wgrad_overlap.AUTO_CHUNKS)
     inputs: tuple = ()
     ms: dict[str, float] = {}
     for name, trial in trials.items():
@@ -193,7 +194,7 @@ def rank_paths(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, devic
         except Exception as e:
             wrong = why(e)
         finally:
-            op_graph.forget(id(trial))  # the check's and the timing's graphs: not training's
+            op_graph.forget(id(trial))  # the check's and the timing's graphs (and their pool): not training's
         if wrong is not None:
             choice.times[f"path/{name}"] = wrong
     if ms:
@@ -204,6 +205,13 @@ def rank_paths(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, devic
         best = "graph"
     chosen = trials.get(best, plain)
     choice.op_graph, choice.wgrad_chunks = chosen.op_graph, chosen.wgrad_chunks
+
+
+def paths_set() -> bool:
+    """Whether the environment decides the op's path for every shape (MLSTM_OP_GRAPH=0|1, MLSTM_CUDA_GRAPHS=0,
+    MLSTM_WGRAD_OVERLAP=N): the ranking's path is then not the shape's own, and is not cached."""
+    graphs = op_graph.mode() != "auto" or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
+    return graphs or wgrad_overlap.chunks() is not None
 
 
 def _path_why_not(

@@ -41,7 +41,15 @@ from pathlib import Path
 import torch
 
 from app.common.errors import UserError
-from app.model import gpu_choice_cache, gpu_health, gpu_loops, gpu_ranking, gpu_verify, op_graph
+from app.model import (
+    gpu_choice_cache,
+    gpu_health,
+    gpu_loops,
+    gpu_ranking,
+    gpu_verify,
+    op_graph,
+    wgrad_overlap,
+)
 from app.model.gpu_loops import CublasLoop, Loop, PersistentLoop, SplitKLoop, StepLoop
 from app.model.gpu_ranking import Choice, NoLoop, why
 from app.model.gpu_tiles import interpreting, next_pow2, tile_sets
@@ -121,14 +129,22 @@ def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
     """Run one direction of the shape's loops over `bufs`: the ranking's first loop, or, where it raises at
     launch, (its first run in this process) it fails its float64 check, or (under MLSTM_BARRIER_HOST_WAIT=1) its
     grid barrier gave up, the next (one warning line; the work redone from the same inputs, which no loop
-    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left. A barrier loop
+    writes). The failed loop leaves the ranking for the process. Raises NoLoop when none is left. Inside the
+    capture of the op's CUDA graph nothing falls back: what fails is raised (the capture failed, not the loop). A barrier loop
     runs on its row of the device's health flags (gpu_health): a barrier that gives up poisons the outputs and
     is found where the host already waits."""
     order = choice.fwd_order if fwd else choice.bwd_order
     d = "forward" if fwd else "backward"
     failures = []
+    capturing = bufs["pm"].is_cuda and torch.cuda.is_current_stream_capturing()
     while order:
         loop = order[0]
+        if (
+            capturing and (loop.label, fwd) not in choice.checked
+        ):  # a check waits on the host: not in a capture
+            raise RuntimeError(
+                f"the {d} loop {loop.label} is not checked yet: it is not run inside a capture"
+            )
         try:
             wrong = _checked(choice, loop, fwd, B, H, bufs)
             if wrong is None:
@@ -142,6 +158,8 @@ def run(choice: Choice, fwd: bool, bufs: dict, B: int, T: int, H: int) -> None:
         except torch.cuda.OutOfMemoryError:
             raise  # the memory, not the loop: another loop would not fit either
         except Exception as e:
+            if capturing:  # the capture failed, not the loop: the op runs without its graph (op_graph.py)
+                raise
             wrong = why(e)
         order.pop(0)
         failures.append(f"{loop.label}: {wrong}")
@@ -262,6 +280,12 @@ def loops_for(
         except NoLoop as e:  # the reference core runs (core "auto"); core "fused" says why (triton_core)
             choice = Choice([], [], python=True, times={"failed": str(e)})
         _store(B, H, w.dtype, x.device, choice)
+    elif backward and choice.op_graph is None and op is not None and "forced" not in choice.times:
+        # a cached ranking without the shape's own path (another run's settings chose it): measured now
+        gpu_ranking.rank_paths(choice, B, x.shape[2], H, w.dtype, x.device, op)
+        log.info("mLSTM core's GPU op for B%d H%d %s, cached loops%s", B, H, str(w.dtype).removeprefix("torch."),
+                 gpu_ranking.path_words(choice))  # fmt: skip
+        _store(B, H, w.dtype, x.device, choice)
     _choices[key] = choice
     return choice
 
@@ -378,6 +402,10 @@ def _cached(
                 return None
             order.remove(loop)
     choice.op_graph, choice.wgrad_chunks = entry["op_graph"], chunks
+    if choice.op_graph and op_graph.why_not(device) is not None:  # this run's settings leave the graphs out
+        choice.op_graph = False
+    if choice.wgrad_chunks and wgrad_overlap.chunks() is not None:  # MLSTM_WGRAD_OVERLAP decides here
+        choice.wgrad_chunks = 0
     if choice.op_graph or choice.wgrad_chunks:
         _cached_path(choice, B, H, dtype, device, op)
     return choice
@@ -389,18 +417,17 @@ def _cached_path(
     """The op's path a cached ranking chose (its CUDA graphs, or its weight gradients overlapped), checked in
     this process (gpu_verify.check_op, at input width H: the path's code is the same at any); where it fails,
     one line, and the op runs plain."""
+    trial = gpu_verify.trial(choice)
     try:
         wrong = (
-            "no op to check it with"
-            if op is None
-            else gpu_verify.check_op(op, choice, B, H, H, dtype, device)
+            "no op to check it with" if op is None else gpu_verify.check_op(op, trial, B, H, H, dtype, device)
         )
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as e:
         wrong = why(e)
     finally:
-        op_graph.forget(id(choice))  # the check's graphs: not training's
+        op_graph.forget(id(trial))  # the check's graphs: not training's
     if wrong is not None:
         path = gpu_ranking.PATHS["graph" if choice.op_graph else "overlap"]
         log.warning("the cached mLSTM GPU op's path (%s, B%d H%d) fails its check here (%s): the op runs plain",
@@ -414,6 +441,8 @@ def _store(B: int, H: int, dtype: torch.dtype, device, choice: Choice) -> None:
     bwd = [lp.label for lp in choice.bwd_order] if choice.bwd_order is not None else None
     entry = {"fwd": [lp.label for lp in choice.fwd_order], "bwd": bwd, "python": choice.python,
              "op_graph": choice.op_graph, "wgrad_chunks": choice.wgrad_chunks}  # fmt: skip
+    if gpu_ranking.paths_set():  # the environment's path, not the shape's: "not compared"
+        entry.update(op_graph=None, wgrad_chunks=None)
     gpu_choice_cache.store(B, H, dtype, device, _code_files(), entry, _variant(dtype))
 
 

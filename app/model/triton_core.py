@@ -124,9 +124,13 @@ def _graphed(choice: gpu_tuning.Choice, t: torch.Tensor) -> bool:
 def _through_graph(choice: gpu_tuning.Choice, tag: tuple, fn, inputs: list, strict: bool) -> list:
     """fn(*inputs) from the op's graph (op_graph.call); where a capture or a replay fails, the shape runs without
     graphs from now on (one warning line) and this call eagerly, or (`strict`: the tuner's timing) it raises."""
-    loops = (choice.fwd.label if choice.fwd else None, choice.bwd.label if choice.bwd else None)
+    loop = (
+        choice.fwd if tag[0] == "fwd" else choice.bwd
+    )  # the direction's own loop (a dropped one: recaptured)
     try:
-        return op_graph.call(id(choice), (*tag, loops, gpu_health.generation()), fn, inputs)
+        return op_graph.call(
+            id(choice), (*tag, loop.label if loop else None, gpu_health.generation()), fn, inputs
+        )
     except op_graph.GraphFailed as e:
         if strict:
             raise
