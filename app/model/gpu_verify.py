@@ -192,7 +192,9 @@ def check_op(op, choice, B: int, D: int, H: int, dtype: torch.dtype, device) -> 
     float64 reference core on its own case, within twice the error of the plain op (no graphs, no overlap) on
     that case (or `tolerance`). So a graph that replays a stale
     input fails (the third call), and so does one that hands on an output a later replay rewrites (the second
-    call's, read after the third). What the op raises propagates."""
+    call's, read after the third). It runs the op from a zero state with dx asked for (run_op): the carried
+    state's forward and a backward without dx run the same code with two inputs more or one output fewer, and
+    are checked on a GPU by the `gpu` tests only. What the op raises propagates."""
     cases = [op_case(check_rows(B), T_CHECK, D, H, dtype, device, True, seed) for seed in (11, 12, 13)]
     outs = [op(choice, leaves, dy) for leaves, dy in cases]
     for call in (1, 2):
