@@ -116,7 +116,7 @@ def first_call_bytes(cfg: ModelConfig, rows: int, device, backward: bool, elemen
     if any(k[0].type == "cuda" and k[1] >= B and k[2] == H and k[3] == dtype for k in gpu_tuning._choices):
         return 0
     D = max(cfg.embed_dim, cfg.hidden_dim if cfg.num_layers > 1 else 0)
-    graphs = not interpreting() and gpu_tuning.gpu_loops.GRAPH_CACHE > 0
+    graphs = not interpreting() and not gpu_tuning.gpu_loops.graphs_off()
     t = gpu_verify.T_CHECK
     if _cached(B, H, dtype, dev):  # only checked: the checks' own buffers
         return tuner_bytes(B, H, D, element, backward, graphs=False, steps=0, check_steps=t, op=False)

@@ -401,8 +401,12 @@ def _evict_over_cap() -> None:
 def replayed(loop: Loop, w: torch.Tensor) -> bool:
     """Whether `run` replays a CUDA graph of `loop` for weights `w` (from its second call of a length on):
     graphed loops on CUDA, unless MLSTM_CUDA_GRAPHS=0 or MLSTM_GRAPH_CACHE=0."""
-    off = GRAPH_CACHE <= 0 or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
-    return loop.graphed and not interpreting() and w.is_cuda and not off
+    return loop.graphed and not interpreting() and w.is_cuda and not graphs_off()
+
+
+def graphs_off() -> bool:
+    """MLSTM_CUDA_GRAPHS=0 or MLSTM_GRAPH_CACHE=0: no CUDA graph runs, the loops' nor the op's (op_graph.py)."""
+    return GRAPH_CACHE <= 0 or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
 
 
 def forget(loop: Loop, fwd: bool, B: int, H: int, w: torch.Tensor) -> None:

@@ -13,7 +13,6 @@ once, not every pair. Beside it each loop is timed alone (`loop/...`) and the tr
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -46,9 +45,8 @@ class Choice:
     times: dict = field(default_factory=dict)
     checked: set = field(default_factory=set)
     op_graph: bool | None = None  # the op runs as CUDA graphs (app/model/op_graph.py); None: not compared yet
-    wgrad_chunks: int | None = (
-        None  # time chunks of the overlapped weight gradients (wgrad_overlap.py; 0: none)
-    )
+    # time chunks of the overlapped weight gradients (app/model/wgrad_overlap.py; 0: none); None: not compared
+    wgrad_chunks: int | None = None
 
     @property
     def fwd(self) -> Loop | None:
@@ -210,8 +208,7 @@ def rank_paths(choice: Choice, B: int, D: int, H: int, dtype: torch.dtype, devic
 def paths_set() -> bool:
     """Whether the environment decides the op's path for every shape (MLSTM_OP_GRAPH=0|1, MLSTM_CUDA_GRAPHS=0,
     MLSTM_WGRAD_OVERLAP=N): the ranking's path is then not the shape's own, and is not cached."""
-    graphs = op_graph.mode() != "auto" or os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0"
-    return graphs or wgrad_overlap.chunks() is not None
+    return op_graph.mode() != "auto" or gpu_loops.graphs_off() or wgrad_overlap.chunks() is not None
 
 
 def _path_why_not(

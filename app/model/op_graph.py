@@ -21,7 +21,7 @@ would take more than half of MAX_BYTES runs eagerly (launches are a small share 
 
 `MLSTM_OP_GRAPH`: auto (default: where the tuner measured it faster, after its replay passed the float64
 check), 0 (never), 1 (wherever its replay passes the check, faster or not: an A/B on a GPU). Off with
-`MLSTM_CUDA_GRAPHS=0`, in Triton's interpreter and off CUDA.
+`MLSTM_CUDA_GRAPHS=0` (or `MLSTM_GRAPH_CACHE=0`), in Triton's interpreter and off CUDA.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from app.common.errors import UserError
+from app.model import gpu_loops
 from app.model.gpu_tiles import interpreting
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ def why_not(device) -> str | None:
         return f"CUDA graphs run on CUDA devices, not {torch.device(device).type}"
     if mode() == "0":
         return "MLSTM_OP_GRAPH=0"
-    if os.environ.get("MLSTM_CUDA_GRAPHS", "1") == "0":
-        return "MLSTM_CUDA_GRAPHS=0"
+    if gpu_loops.graphs_off():
+        return "CUDA graphs are off (MLSTM_CUDA_GRAPHS=0 or MLSTM_GRAPH_CACHE=0)"
     return None
 
 
